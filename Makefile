@@ -1,0 +1,50 @@
+# attnlab: `make demo` installs and runs the main job; `make test` installs and runs the tests.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# The CPU wheel lies on disk on machines without a GPU; pinning it first keeps pip from
+# pulling a multi-GB CUDA build. GPU users: `make install TORCH=torch` (or your own build).
+TORCH ?= torch==2.13.0
+# Caches stay inside the project, never scattered in $$HOME.
+export ATTNLAB_CACHE ?= $(CURDIR)/.cache
+export HF_HOME := $(ATTNLAB_CACHE)/huggingface
+export HF_DATASETS_OFFLINE ?= 1
+export HF_HUB_OFFLINE ?= 1
+export WANDB_MODE ?= offline
+export WANDB_DIR := $(ATTNLAB_CACHE)/wandb
+export WANDB_CACHE_DIR := $(ATTNLAB_CACHE)/wandb-cache
+export WANDB_CONFIG_DIR := $(ATTNLAB_CACHE)/wandb-config
+export WANDB_DATA_DIR := $(ATTNLAB_CACHE)/wandb-data
+export MPLCONFIGDIR := $(ATTNLAB_CACHE)/matplotlib
+export TORCHINDUCTOR_CACHE_DIR := $(ATTNLAB_CACHE)/inductor
+
+.PHONY: install demo test test-slow lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "$(TORCH)"
+	$(PIP) install --quiet -e ".[dev]" "$(TORCH)"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/attnlab-train
+
+test: install
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/pytest
+
+test-slow: install
+	$(VENV)/bin/pytest -m slow
+
+lint: install
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+bench: install
+	$(PY) benchmarks/attention_speed.py
+
+clean:
+	rm -rf $(VENV) .cache outputs multirun .pytest_cache

@@ -1,0 +1,75 @@
+"""Attention variants: score functions registered under a name that Hydra selects.
+
+A variant replaces the score in softmax(score(q, k) / τ). It is a ``Score`` subclass
+in its own file under ``attnlab/attention/variants/`` (imported automatically), with
+``conf/attention/<name>.yaml`` selecting it; the contract tests pick it up by itself.
+
+    @register_variant("my_score")
+    class MyScore(Score):
+        fused = False
+        def forward(self, q, k):          # (..., n, d_k), (..., m, d_k) -> (..., n, m)
+            ...
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from torch import Tensor, nn
+
+VARIANTS: dict[str, type[Score]] = {}
+
+
+class Score(nn.Module):
+    """Unscaled attention scores. Built as ``Score(d_k, n_heads, **options)``.
+
+    A *fused* score is a plain dot product of transformed q and k, so the fast path
+    (SDPA) can compute it: such a score implements ``prepare``. Any other score
+    implements ``forward`` and always takes the explicit path.
+    """
+
+    fused: bool = True
+
+    def __init__(self, d_k: int, n_heads: int):
+        super().__init__()
+        self.d_k, self.n_heads = d_k, n_heads
+
+    def prepare(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        return q, k
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        q, k = self.prepare(q, k)
+        return q @ k.transpose(-2, -1)
+
+
+def register_variant(name: str):
+    """Class decorator: make a ``Score`` subclass selectable as ``attention.variant=name``."""
+
+    def register(cls: type[Score]) -> type[Score]:
+        if not (isinstance(cls, type) and issubclass(cls, Score)):
+            raise TypeError(f"variant {name!r} must be a subclass of attnlab.attention.Score")
+        if name in VARIANTS and VARIANTS[name] is not cls:
+            raise ValueError(f"variant {name!r} is already registered by {VARIANTS[name]}")
+        VARIANTS[name] = cls
+        cls.variant_name = name
+        return cls
+
+    return register
+
+
+def make_score(variant: str, d_k: int, n_heads: int, **options) -> Score:
+    if variant not in VARIANTS:
+        raise ValueError(
+            f"attention.variant={variant!r} is not a registered variant; "
+            f"use one of {sorted(VARIANTS)} (or register yours with @register_variant)"
+        )
+    return VARIANTS[variant](d_k, n_heads, **options)
+
+
+def load_variants() -> None:
+    """Import every module in attnlab.attention.variants so each registers itself."""
+    from attnlab.attention import variants
+
+    for module in pkgutil.iter_modules(variants.__path__):
+        importlib.import_module(f"{variants.__name__}.{module.name}")

@@ -1,0 +1,1 @@
+"""Built-in attention variants; every module here is imported and registers itself."""

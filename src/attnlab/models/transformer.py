@@ -1,0 +1,206 @@
+"""The Transformer of Vaswani et al. 2017 and a decoder-only LM, from the same blocks.
+
+Post-LN by default, as in the paper (x = LN(x + sublayer(x))); ``pre_norm=True`` gives
+the pre-LN arrangement (x = x + sublayer(LN(x)), final LN) that trains more stably
+deep or with large learning rates. Attention layers are named for the probes:
+``enc.L<l>``, ``dec.self.L<l>``, ``dec.cross.L<l>`` and, in the LM, ``L<l>``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.attention import AttentionConfig, MultiHeadAttention
+
+
+@dataclass
+class ModelConfig:
+    """What ``conf/model/*.yaml`` holds. d_k defaults to d_model / n_heads, d_v to d_k."""
+
+    vocab_size: int = 64
+    d_model: int = 64
+    n_heads: int = 4
+    d_k: int | None = None
+    d_v: int | None = None
+    d_ff: int = 256
+    n_layers: int = 2  # each of encoder and decoder
+    dropout: float = 0.1
+    max_len: int = 512
+    pre_norm: bool = False
+    tie_embeddings: bool = True  # share input embeddings and the output projection
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+
+
+def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)  (§3.5)."""
+    position = torch.arange(max_len).unsqueeze(1)
+    inv_freq = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(max_len, d_model)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq)[:, : d_model // 2]
+    return table
+
+
+class Embedding(nn.Module):
+    """Token embedding × √d_model plus sinusoidal positions, then dropout (§3.4, §3.5)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        nn.init.normal_(self.tokens.weight, std=cfg.d_model**-0.5)
+        self.register_buffer("positions", sinusoidal_positions(cfg.max_len, cfg.d_model), persistent=False)
+        self.scale = math.sqrt(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        length = tokens.shape[1]
+        if length > self.positions.shape[0]:
+            raise ValueError(f"sequence length {length} exceeds model.max_len={self.positions.shape[0]}")
+        return self.dropout(self.tokens(tokens) * self.scale + self.positions[:length])
+
+
+class FeedForward(nn.Sequential):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2  (§3.3)."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float):
+        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model))
+
+
+class Block(nn.Module):
+    """Self-attention, optional cross-attention, feed-forward; each in a residual."""
+
+    def __init__(self, cfg: ModelConfig, prefix: str, layer: int, cross: bool = False):
+        super().__init__()
+        self.pre_norm = cfg.pre_norm
+
+        def mha(name: str) -> MultiHeadAttention:
+            return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.d_k, cfg.d_v, cfg.attention, name=name)
+
+        # A decoder with cross-attention names its two kinds apart: dec.self.L0, dec.cross.L0.
+        self.self_attn = mha(f"{prefix}self.L{layer}" if cross else f"{prefix}L{layer}")
+        self.cross_attn = mha(f"{prefix}cross.L{layer}") if cross else None
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
+        n_sublayers = 3 if cross else 2
+        self.norms = nn.ModuleList(nn.LayerNorm(cfg.d_model) for _ in range(n_sublayers))
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def residual(self, x: Tensor, norm: nn.LayerNorm, sublayer) -> Tensor:
+        if self.pre_norm:
+            return x + self.dropout(sublayer(norm(x)))
+        return norm(x + self.dropout(sublayer(x)))
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+    ) -> Tensor:
+        """mask / memory_mask: (B, n) / (B, m) bool, True = real token."""
+        x = self.residual(x, self.norms[0], lambda h: self.self_attn(h, key_mask=mask, causal=causal))
+        if self.cross_attn is not None:
+            x = self.residual(x, self.norms[1], lambda h: self.cross_attn(h, memory, key_mask=memory_mask))
+        return self.residual(x, self.norms[-1], self.ffn)
+
+
+class Stack(nn.Module):
+    """N blocks, with the final LayerNorm a pre-LN stack needs."""
+
+    def __init__(self, cfg: ModelConfig, prefix: str, cross: bool = False):
+        super().__init__()
+        self.layers = nn.ModuleList(Block(cfg, prefix, layer, cross) for layer in range(cfg.n_layers))
+        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
+
+    def forward(self, x: Tensor, **kwargs) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, **kwargs)
+        return self.final_norm(x)
+
+
+class OutputHead(nn.Module):
+    """Pre-softmax linear map, optionally tied to the embedding (§3.4)."""
+
+    def __init__(self, cfg: ModelConfig, embedding: Embedding):
+        super().__init__()
+        self.proj = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.proj.weight = embedding.tokens.weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(x)
+
+
+class Transformer(nn.Module):
+    """Encoder–decoder Transformer over one shared (source + target) vocabulary."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embedding(cfg)
+        self.encoder = Stack(cfg, "enc.")
+        self.decoder = Stack(cfg, "dec.", cross=True)
+        self.head = OutputHead(cfg, self.embed)
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        return self.encoder(self.embed(src), mask=src_mask)
+
+    def decode(
+        self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None
+    ):
+        hidden = self.decoder(
+            self.embed(tgt), mask=tgt_mask, causal=True, memory=memory, memory_mask=src_mask
+        )
+        return self.head(hidden)
+
+    def forward(
+        self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None
+    ):
+        """src: (B, m), tgt: (B, n) token ids (tgt starts with BOS); returns (B, n, vocab) logits."""
+        return self.decode(tgt, self.encode(src, src_mask), src_mask, tgt_mask)
+
+    @torch.no_grad()
+    def greedy_decode(self, src: Tensor, bos: int, eos: int, max_len: int, src_mask: Tensor | None = None):
+        """Greedy decoding; returns (B, ≤ max_len) ids without BOS, padded with eos after it."""
+        memory = self.encode(src, src_mask)
+        out = torch.full((src.shape[0], 1), bos, dtype=torch.long, device=src.device)
+        done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
+        for _ in range(max_len):
+            next_token = self.decode(out, memory, src_mask)[:, -1].argmax(-1)
+            next_token = next_token.masked_fill(done, eos)
+            out = torch.cat([out, next_token[:, None]], dim=1)
+            done |= next_token == eos
+            if done.all():
+                break
+        return out[:, 1:]
+
+
+class DecoderLM(nn.Module):
+    """Decoder-only causal language model: embedding, N causal self-attention blocks, head."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embedding(cfg)
+        self.decoder = Stack(cfg, "")
+        self.head = OutputHead(cfg, self.embed)
+
+    def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
+        """tokens: (B, n) ids, mask: (B, n) True = real token; returns (B, n, vocab) logits."""
+        return self.head(self.decoder(self.embed(tokens), mask=mask, causal=True))
+
+
+def attention_layers(model: nn.Module) -> list[MultiHeadAttention]:
+    """Every attention layer of a model, in module order (named as in this module's doc)."""
+    return [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+
+
+def sequence_loss(logits: Tensor, targets: Tensor, ignore_index: int = -100, label_smoothing: float = 0.0):
+    return F.cross_entropy(
+        logits.flatten(0, 1), targets.flatten(), ignore_index=ignore_index, label_smoothing=label_smoothing
+    )

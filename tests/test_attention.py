@@ -1,0 +1,186 @@
+"""The functional core and temperature rules against hand-computed values and torch's SDPA."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab.attention import (
+    TEMPERATURES,
+    AttentionConfig,
+    MultiHeadAttention,
+    attention,
+    make_temperature,
+    tau_values,
+)
+
+RULES = ["none", "sqrt_dk", "dk", "learned", 2.5]
+
+
+def expected_tau(rule, d_k):
+    return {"none": 1.0, "sqrt_dk": math.sqrt(d_k), "dk": float(d_k), "learned": math.sqrt(d_k)}.get(
+        rule, rule
+    )
+
+
+# --- SPEC §8 reference examples ---------------------------------------------------------
+
+
+def test_spec_example_weights_and_output():
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    out, weights = attention(x, x, x, tau=math.sqrt(2), need_weights=True)
+    expected_weights = torch.tensor([[0.401, 0.198, 0.401], [0.198, 0.401, 0.401], [0.248, 0.248, 0.503]])
+    expected_out = torch.tensor([[0.802, 0.599], [0.599, 0.802], [0.752, 0.752]])
+    torch.testing.assert_close(weights, expected_weights, atol=1.5e-3, rtol=0)
+    torch.testing.assert_close(out, expected_out, atol=1.5e-3, rtol=0)
+    fast_out, none = attention(x, x, x, tau=math.sqrt(2))
+    assert none is None
+    torch.testing.assert_close(fast_out, out)
+
+
+def test_spec_example_causal_mask():
+    scores = torch.tensor([[2.0, 1.0, 0.5], [1.2, 2.1, 0.7], [0.8, 1.3, 2.2]])
+    # q = scores, k = I makes q kᵀ = scores, so the function sees exactly these logits.
+    _, weights = attention(scores, torch.eye(3), torch.eye(3), tau=1.0, causal=True, need_weights=True)
+    expected = torch.tensor([[1.0, 0.0, 0.0], [0.289, 0.711, 0.0], [0.149, 0.246, 0.605]])
+    torch.testing.assert_close(weights, expected, atol=1.5e-3, rtol=0)
+
+
+# --- temperature rules -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_rule_values(rule):
+    d_k, heads = 16, 4
+    temperature = make_temperature(rule, d_k, heads)
+    torch.testing.assert_close(tau_values(temperature), torch.full((heads,), expected_tau(rule, d_k)))
+
+
+def test_rule_table_is_public_and_complete():
+    assert set(TEMPERATURES) == {"none", "sqrt_dk", "dk", "learned"}
+
+
+def test_number_as_string_is_a_fixed_divisor():
+    assert make_temperature("3.5", 8, 2)() == 3.5
+
+
+@pytest.mark.parametrize("bad", ["sqrt", "learnt", -1.0, 0, "0"])
+def test_bad_rule_names_the_value_and_the_choices(bad):
+    with pytest.raises(ValueError) as err:
+        make_temperature(bad, 8, 2)
+    message = str(err.value)
+    assert str(bad) in message
+    if isinstance(bad, str) and not bad.isdigit():
+        assert "sqrt_dk" in message and "learned" in message
+
+
+def test_learned_per_layer_and_custom_init():
+    temperature = make_temperature("learned", 64, 8, init=2.0, per_head=False)
+    assert temperature.log_tau.shape == (1, 1, 1)
+    torch.testing.assert_close(tau_values(temperature), torch.full((8,), 2.0))
+
+
+# --- fast path = SDPA = explicit path ----------------------------------------------------
+
+
+def qkv(batch=2, heads=4, n=5, m=7, d_k=8, d_v=6, grad=True):
+    q = torch.randn(batch, heads, n, d_k, requires_grad=grad, dtype=torch.float64)
+    k = torch.randn(batch, heads, m, d_k, requires_grad=grad, dtype=torch.float64)
+    v = torch.randn(batch, heads, m, d_v, requires_grad=grad, dtype=torch.float64)
+    return q, k, v
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_matches_torch_sdpa_for_every_rule(rule):
+    q, k, v = qkv()
+    tau = make_temperature(rule, q.shape[-1], q.shape[1]).double()()
+    ours, _ = attention(q, k, v, tau=tau)
+    reference = F.scaled_dot_product_attention(q, k, v, scale=1 / expected_tau(rule, q.shape[-1]))
+    torch.testing.assert_close(ours, reference)
+
+
+def random_mask(batch, heads, n, m):
+    mask = torch.rand(batch, 1, n, m) > 0.3
+    mask[..., 0] = True  # every row sees at least one key here; full masking is tested below
+    return mask.expand(batch, heads, n, m)
+
+
+@pytest.mark.parametrize("masking", ["none", "mask", "causal", "mask+causal"])
+@pytest.mark.parametrize("tau_kind", ["float", "per_head"])
+def test_fast_and_explicit_paths_agree_forward_and_backward(masking, tau_kind):
+    q, k, v = qkv(n=6, m=6)
+    tau = 2.0 if tau_kind == "float" else torch.tensor([1.0, 2.0, 4.0, 8.0], dtype=torch.float64)
+    if tau_kind == "per_head":
+        tau = tau.view(4, 1, 1).requires_grad_()
+    mask = random_mask(2, 4, 6, 6) if "mask" in masking else None
+    causal = "causal" in masking
+    upstream = torch.randn(2, 4, 6, 6, dtype=torch.float64)
+
+    grads = []
+    for need_weights in (False, True):
+        out, weights = attention(q, k, v, tau=tau, mask=mask, causal=causal, need_weights=need_weights)
+        inputs = (q, k, v) + ((tau,) if isinstance(tau, torch.Tensor) else ())
+        grads.append((out, *torch.autograd.grad((out * upstream).sum(), inputs)))
+    for fast, explicit in zip(*grads, strict=True):
+        torch.testing.assert_close(fast, explicit)
+    if mask is not None:
+        assert (weights[~(mask & (torch.ones(6, 6).tril().bool() if causal else True))] == 0).all()
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_fully_masked_rows_give_zeros_and_finite_gradients(need_weights):
+    q, k, v = qkv(n=3, m=4)
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    mask[1] = False  # query 1 may attend to nothing
+    out, weights = attention(q, k, v, tau=2.0, mask=mask, need_weights=need_weights)
+    assert torch.isfinite(out).all()
+    assert (out[:, :, 1] == 0).all()
+    if need_weights:
+        assert (weights[:, :, 1] == 0).all()
+        torch.testing.assert_close(weights[:, :, [0, 2]].sum(-1), torch.ones(2, 4, 2, dtype=torch.float64))
+    out.sum().backward()
+    for tensor in (q, k, v):
+        assert torch.isfinite(tensor.grad).all()
+    assert (q.grad[:, :, 1] == 0).all()
+
+
+def test_learned_tau_receives_gradient_through_the_fast_path():
+    layer = MultiHeadAttention(32, 4, attn=AttentionConfig(scale="learned"))
+    x = torch.randn(2, 5, 32)
+    layer(x, causal=True).pow(2).sum().backward()
+    grad = layer.temperature.log_tau.grad
+    assert grad is not None and grad.shape == (4, 1, 1)
+    assert (grad.abs() > 0).all()
+    # and it is the gradient the explicit path gives
+    fast_grad = grad.clone()
+    layer.zero_grad()
+    layer.record = True
+    layer(x, causal=True).pow(2).sum().backward()
+    torch.testing.assert_close(layer.temperature.log_tau.grad, fast_grad, rtol=1e-4, atol=1e-6)
+
+
+# --- the science at initialisation -------------------------------------------------------
+
+
+@pytest.mark.parametrize("d_k", [4, 16, 64, 256])
+def test_monte_carlo_variance_of_dot_product_is_d_k(d_k):
+    generator = torch.Generator().manual_seed(d_k)
+    q = torch.randn(200_000, d_k, generator=generator)
+    k = torch.randn(200_000, d_k, generator=generator)
+    variance = (q * k).sum(-1).var().item()
+    # the sample variance of 2e5 draws has relative std ≈ sqrt(2 / 2e5) · sqrt(kurtosis) < 1%
+    assert variance == pytest.approx(d_k, rel=0.03)
+
+
+@pytest.mark.parametrize("d_k", [16, 64, 256])
+@pytest.mark.parametrize("rule", ["none", "sqrt_dk", "dk"])
+def test_scaled_logit_std_at_init_follows_the_rule(rule, d_k):
+    """Unit-variance inputs through the initialised projections: std(q·k/τ) ≈ √d_k / τ."""
+    heads = 4
+    layer = MultiHeadAttention(256, heads, d_k=d_k, attn=AttentionConfig(scale=rule))
+    layer.record = True
+    with torch.no_grad():
+        layer(torch.randn(8, 64, 256))
+    predicted = {"none": math.sqrt(d_k), "sqrt_dk": 1.0, "dk": 1 / math.sqrt(d_k)}[rule]
+    assert layer.logits.std().item() == pytest.approx(predicted, rel=0.15)

@@ -1,0 +1,137 @@
+"""The contract every registered attention variant must keep (SPEC §2).
+
+It runs over attnlab.attention.VARIANTS, so a new variant is checked as soon as it is
+registered; REFERENCES holds independent implementations where one exists.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from attnlab.attention import VARIANTS, AttentionConfig, MultiHeadAttention
+
+CONF = Path(__file__).resolve().parents[1] / "conf" / "attention"
+D_MODEL, HEADS = 16, 4
+
+
+def reference_dot(layer, q, k):
+    return q @ k.transpose(-2, -1)
+
+
+def reference_cosine(layer, q, k):
+    return F.cosine_similarity(q.unsqueeze(-2), k.unsqueeze(-3), dim=-1)
+
+
+def reference_additive(layer, q, k):
+    score = layer.score
+    rows = []
+    for head in range(q.shape[1]):  # one (query, key) pair at a time, as the formula reads
+        pairs = torch.empty(q.shape[0], q.shape[2], k.shape[2])
+        for i in range(q.shape[2]):
+            for j in range(k.shape[2]):
+                hidden = (
+                    q[:, head, i] @ score.w_q[head] + score.bias[head, 0] + k[:, head, j] @ score.w_k[head]
+                )
+                pairs[:, i, j] = torch.tanh(hidden) @ score.v[head, :, 0]
+        rows.append(pairs)
+    return torch.stack(rows, dim=1)
+
+
+REFERENCES = {"dot": reference_dot, "cosine": reference_cosine, "additive": reference_additive}
+
+
+def make_layer(variant, scale):
+    cfg = AttentionConfig(**{**yaml.safe_load((CONF / f"{variant}.yaml").read_text()), "scale": scale})
+    return MultiHeadAttention(D_MODEL, HEADS, d_k=6, d_v=5, attn=cfg).eval()
+
+
+CASES = [(variant, scale) for variant in sorted(VARIANTS) for scale in ("none", "sqrt_dk", "learned")]
+pytestmark = pytest.mark.parametrize("variant,scale", CASES)
+
+
+def test_every_variant_has_a_config_and_every_config_a_variant(variant, scale):
+    assert (CONF / f"{variant}.yaml").exists(), f"add conf/attention/{variant}.yaml"
+    named = {yaml.safe_load(path.read_text())["variant"] for path in CONF.glob("*.yaml")}
+    assert named <= set(VARIANTS)
+
+
+def test_shapes_self_and_cross(variant, scale):
+    layer = make_layer(variant, scale)
+    x, memory = torch.randn(2, 3, D_MODEL), torch.randn(2, 7, D_MODEL)
+    assert layer(x).shape == (2, 3, D_MODEL)
+    assert layer(x, memory).shape == (2, 3, D_MODEL)
+    layer.record = True
+    layer(x, memory)
+    assert layer.weights.shape == layer.logits.shape == (2, HEADS, 3, 7)
+
+
+def test_causal_mask_never_leaks_the_future(variant, scale):
+    layer = make_layer(variant, scale)
+    x = torch.randn(2, 6, D_MODEL)
+    changed = x.clone()
+    changed[:, 4:] = torch.randn(2, 2, D_MODEL)
+    torch.testing.assert_close(layer(x, causal=True)[:, :4], layer(changed, causal=True)[:, :4])
+    assert not torch.allclose(layer(x, causal=True)[:, 4:], layer(changed, causal=True)[:, 4:])
+
+
+def test_padding_mask_is_respected(variant, scale):
+    layer = make_layer(variant, scale)
+    x, memory = torch.randn(2, 3, D_MODEL), torch.randn(2, 6, D_MODEL)
+    key_mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    changed = memory.clone()
+    changed[1, 4:] = 100 * torch.randn(2, D_MODEL)
+    torch.testing.assert_close(layer(x, memory, key_mask=key_mask), layer(x, changed, key_mask=key_mask))
+    layer.record = True
+    layer(x, memory, key_mask=key_mask)
+    assert (layer.weights[1, :, :, 4:] == 0).all()
+
+
+def test_rows_of_weights_sum_to_one(variant, scale):
+    layer = make_layer(variant, scale)
+    layer.record = True
+    layer(torch.randn(2, 5, D_MODEL), causal=True)
+    torch.testing.assert_close(layer.weights.sum(-1), torch.ones(2, HEADS, 5))
+    assert (layer.weights >= 0).all()
+
+
+def test_permutation_equivariance(variant, scale):
+    """Shuffling keys (with their values) changes nothing; shuffling queries shuffles outputs."""
+    layer = make_layer(variant, scale)
+    x, memory = torch.randn(2, 4, D_MODEL), torch.randn(2, 7, D_MODEL)
+    keys, queries = torch.randperm(7), torch.randperm(4)
+    torch.testing.assert_close(layer(x, memory[:, keys]), layer(x, memory))
+    torch.testing.assert_close(layer(x[:, queries], memory), layer(x, memory)[:, queries])
+
+
+def test_gradients_reach_every_parameter(variant, scale):
+    layer = make_layer(variant, scale).train()
+    layer(torch.randn(2, 5, D_MODEL), torch.randn(2, 6, D_MODEL)).pow(2).sum().backward()
+    for name, param in layer.named_parameters():
+        assert param.grad is not None, f"{name} gets no gradient"
+        assert torch.isfinite(param.grad).all() and param.grad.abs().sum() > 0, name
+
+
+def test_fast_and_explicit_paths_agree(variant, scale):
+    layer = make_layer(variant, scale)
+    x = torch.randn(2, 5, D_MODEL)
+    key_mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    fast = layer(x, key_mask=key_mask, causal=True)
+    layer.record = True
+    torch.testing.assert_close(layer(x, key_mask=key_mask, causal=True), fast)
+
+
+def test_matches_the_reference_implementation(variant, scale):
+    if variant not in REFERENCES:
+        pytest.skip(f"no independent reference for {variant!r}")
+    layer = make_layer(variant, scale)
+    x, memory = torch.randn(2, 3, D_MODEL), torch.randn(2, 4, D_MODEL)
+    layer.record = True
+    layer(x, memory)
+    with torch.no_grad():
+        q = layer.split_heads(layer.q_proj(x), layer.d_k)
+        k = layer.split_heads(layer.k_proj(memory), layer.d_k)
+        expected = REFERENCES[variant](layer, q, k) / layer.temperature()
+    torch.testing.assert_close(layer.logits.detach(), expected, rtol=1e-4, atol=1e-5)
