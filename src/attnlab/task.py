@@ -1,0 +1,183 @@
+"""The LightningModule: one training recipe for the encoder–decoder and the decoder-only LM.
+
+Adam(W) with the inverse-square-root warm-up of Vaswani et al. §5.3 (or cosine, or a
+constant), label smoothing (§5.4), gradient clipping by the Trainer. Logs train/loss,
+lr, perf/tokens_per_s, and val/loss, val/ppl, val/acc (token accuracy), val/seq_acc
+(whole target right) and, for translation, val/bleu on greedy decodes (sacrebleu).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+from torchmetrics import MeanMetric
+
+from attnlab.attention import AttentionConfig
+from attnlab.data.module import IGNORE, Vocabulary
+from attnlab.models import DecoderLM, ModelConfig, Transformer, sequence_loss
+from attnlab.optim import param_groups
+
+MODELS = {"transformer": Transformer, "lm": DecoderLM}
+
+
+def build_model(model: dict, attention: dict, vocab_size: int) -> Transformer | DecoderLM:
+    fields = {key: value for key, value in model.items() if key != "kind"}
+    cfg = ModelConfig(vocab_size=vocab_size, attention=AttentionConfig(**attention), **fields)
+    return MODELS[model["kind"]](cfg)
+
+
+def lr_lambda(schedule: str, warmup: int, total: int):
+    """Multiplier of the peak lr at optimizer step ``step`` (0-based)."""
+
+    def inverse_sqrt(step):  # Vaswani §5.3: linear warm-up, then ∝ 1/√step
+        step += 1
+        return min(step / warmup, math.sqrt(warmup / step))
+
+    def cosine(step):
+        step += 1
+        if step < warmup:
+            return step / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.5 * (1 + math.cos(math.pi * progress))
+
+    schedules = {"inverse_sqrt": inverse_sqrt, "cosine": cosine, "constant": lambda step: 1.0}
+    return schedules[schedule]
+
+
+class SequenceTask(L.LightningModule):
+    def __init__(self, config: DictConfig | dict, vocab: Vocabulary):
+        super().__init__()
+        config = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
+        self.save_hyperparameters({"config": config})  # the whole run config, in every checkpoint
+        self.config, self.vocab = config, vocab
+        self.kind = config["model"]["kind"]
+        self.model = build_model(config["model"], config["attention"], vocab.size)
+        self.optim = config["optim"]
+        self.val_loss, self.val_acc, self.val_seq_acc = MeanMetric(), MeanMetric(), MeanMetric()
+        self.bleu_batches = config["data"].get("bleu_batches", 0) if vocab.decode else 0
+        self.hypotheses: list[str] = []
+        self.references: list[str] = []
+        self.step_started: float | None = None
+
+    # --- forward and loss ----------------------------------------------------------
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (logits, targets), targets = -100 where no prediction is scored."""
+        if self.kind == "transformer":
+            logits = self.model(batch["src"], batch["tgt_in"], batch["src_mask"], batch["tgt_mask"])
+            return logits, batch["tgt_out"]
+        return self.model(batch["tokens"], batch["mask"]), batch["targets"]
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        logits, targets = self(batch)
+        loss = sequence_loss(logits, targets, IGNORE, self.optim["label_smoothing"])
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"train/loss is {loss.item()} at step {self.global_step}: the run diverged. "
+                "Lower optim.lr, raise optim.warmup_steps or keep trainer.gradient_clip_val; "
+                "checkpoints written so far are kept in the run dir."
+            )
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("lr", self.optimizers().param_groups[0]["lr"])
+        return loss
+
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        self.step_started = time.perf_counter()
+
+    def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
+        elapsed = time.perf_counter() - self.step_started
+        tokens = batch["src_mask"].sum() + batch["tgt_mask"].sum() if self.kind == "transformer" else batch["mask"].sum()
+        self.log("perf/tokens_per_s", tokens.item() * self.trainer.world_size / elapsed)
+
+    # --- evaluation -----------------------------------------------------------------
+
+    def evaluate(self, batch: dict, batch_idx: int, prefix: str) -> None:
+        logits, targets = self(batch)
+        scored = targets != IGNORE
+        n_tokens = scored.sum()
+        loss = sequence_loss(logits, targets, IGNORE)  # no smoothing: a true NLL / perplexity
+        correct = (logits.argmax(-1) == targets) & scored
+        self.val_loss.update(loss, n_tokens)
+        self.val_acc.update(correct.sum() / n_tokens, n_tokens)
+        self.val_seq_acc.update((correct.sum(1) == scored.sum(1)).float().mean(), targets.shape[0])
+        if prefix == "val" and batch_idx < self.bleu_batches and self.kind == "transformer":
+            self.decode_for_bleu(batch)
+
+    def log_evaluation(self, prefix: str) -> None:
+        loss = self.val_loss.compute()
+        self.log_dict(
+            {
+                f"{prefix}/loss": loss,
+                f"{prefix}/ppl": loss.exp(),
+                f"{prefix}/acc": self.val_acc.compute(),
+                f"{prefix}/seq_acc": self.val_seq_acc.compute(),
+            },
+            prog_bar=prefix == "val",
+        )
+        for metric in (self.val_loss, self.val_acc, self.val_seq_acc):
+            metric.reset()
+        if self.hypotheses:
+            self.log(f"{prefix}/bleu", self.corpus_bleu())
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self.evaluate(batch, batch_idx, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_evaluation("val")
+
+    def test_step(self, batch: dict, batch_idx: int) -> None:
+        self.evaluate(batch, batch_idx, "test")
+
+    def on_test_epoch_end(self) -> None:
+        self.log_evaluation("test")
+
+    def decode_for_bleu(self, batch: dict) -> None:
+        max_len = int(batch["tgt_mask"].sum(1).max()) + 10
+        decoded = self.model.greedy_decode(batch["src"], self.vocab.bos, self.vocab.eos, max_len, batch["src_mask"])
+        for ids, target in zip(decoded.tolist(), batch["tgt_out"].tolist(), strict=True):
+            self.hypotheses.append(self.vocab.decode(cut_at(ids, self.vocab.eos)))
+            self.references.append(self.vocab.decode(cut_at(target, self.vocab.eos)))
+
+    def corpus_bleu(self) -> float:
+        import sacrebleu
+
+        hypotheses, references = self.hypotheses, self.references
+        self.hypotheses, self.references = [], []
+        if dist.is_available() and dist.is_initialized():
+            gathered = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, (hypotheses, references))
+            hypotheses = [h for part in gathered for h in part[0]]
+            references = [r for part in gathered for r in part[1]]
+        return sacrebleu.corpus_bleu(hypotheses, [references]).score
+
+    # --- optimisation ---------------------------------------------------------------
+
+    def configure_optimizers(self):
+        optim = self.optim
+        optimizer_class = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[optim["name"]]
+        optimizer = optimizer_class(
+            param_groups(self.model, optim["weight_decay"]), lr=optim["lr"], betas=tuple(optim["betas"]), eps=optim["eps"]
+        )
+        total = self.trainer.max_steps if self.trainer.max_steps > 0 else 1
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lr_lambda(optim["schedule"], optim["warmup_steps"], total)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    # --- exact resume: the RNG streams (dropout) travel with the checkpoint ------------
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rng"] = {"torch": torch.get_rng_state()}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "rng" in checkpoint:
+            torch.set_rng_state(checkpoint["rng"]["torch"])
+
+
+def cut_at(ids: list[int], eos: int) -> list[int]:
+    return ids[: ids.index(eos)] if eos in ids else ids
