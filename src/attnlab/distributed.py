@@ -30,7 +30,9 @@ def ddp_processes(trainer_cfg: dict) -> int:
         return 1
     devices = trainer_cfg.get("devices", 1)
     if devices in (-1, "auto", "-1"):
-        return torch.cuda.device_count() if trainer_cfg.get("accelerator") in ("gpu", "cuda") else os.cpu_count()
+        return (
+            torch.cuda.device_count() if trainer_cfg.get("accelerator") in ("gpu", "cuda") else os.cpu_count()
+        )
     return int(devices)
 
 
@@ -53,7 +55,12 @@ class Workers:
     def __enter__(self) -> Workers:
         if not self.active:
             return self
-        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(self.n), "NODE_RANK": "0"}
+        env = {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+            "WORLD_SIZE": str(self.n),
+            "NODE_RANK": "0",
+        }
         os.environ.update(env, LOCAL_RANK="0")
         for rank in range(1, self.n):
             command = [
@@ -80,4 +87,6 @@ class Workers:
             os.environ.pop(key, None)
         failed = [proc.returncode for proc in self.procs if proc.returncode]
         if failed and exc_type is None:
-            raise RuntimeError(f"DDP worker processes exited with codes {failed}; see {self.run_dir}/rank*.log")
+            raise RuntimeError(
+                f"DDP worker processes exited with codes {failed}; see {self.run_dir}/rank*.log"
+            )

@@ -53,7 +53,8 @@ class SequenceTask(L.LightningModule):
     def __init__(self, config: DictConfig | dict, vocab: Vocabulary):
         super().__init__()
         config = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
-        self.save_hyperparameters({"config": config})  # the whole run config, in every checkpoint
+        # The whole run config, in every checkpoint; loggers get it flattened from train.py.
+        self.save_hyperparameters({"config": config}, logger=False)
         self.config, self.vocab = config, vocab
         self.kind = config["model"]["kind"]
         self.model = build_model(config["model"], config["attention"], vocab.size)
@@ -87,11 +88,19 @@ class SequenceTask(L.LightningModule):
         return loss
 
     def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        # Dropout draws from a stream that is a pure function of (seed, step, rank), so a
+        # resumed run repeats exactly what an uninterrupted one would have done.
+        seed = self.config["seed"]
+        torch.manual_seed((seed * 1_000_003 + self.global_step) * 64 + self.global_rank)
         self.step_started = time.perf_counter()
 
     def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
         elapsed = time.perf_counter() - self.step_started
-        tokens = batch["src_mask"].sum() + batch["tgt_mask"].sum() if self.kind == "transformer" else batch["mask"].sum()
+        tokens = (
+            batch["src_mask"].sum() + batch["tgt_mask"].sum()
+            if self.kind == "transformer"
+            else batch["mask"].sum()
+        )
         self.log("perf/tokens_per_s", tokens.item() * self.trainer.world_size / elapsed)
 
     # --- evaluation -----------------------------------------------------------------
@@ -138,7 +147,9 @@ class SequenceTask(L.LightningModule):
 
     def decode_for_bleu(self, batch: dict) -> None:
         max_len = int(batch["tgt_mask"].sum(1).max()) + 10
-        decoded = self.model.greedy_decode(batch["src"], self.vocab.bos, self.vocab.eos, max_len, batch["src_mask"])
+        decoded = self.model.greedy_decode(
+            batch["src"], self.vocab.bos, self.vocab.eos, max_len, batch["src_mask"]
+        )
         for ids, target in zip(decoded.tolist(), batch["tgt_out"].tolist(), strict=True):
             self.hypotheses.append(self.vocab.decode(cut_at(ids, self.vocab.eos)))
             self.references.append(self.vocab.decode(cut_at(target, self.vocab.eos)))
@@ -161,22 +172,16 @@ class SequenceTask(L.LightningModule):
         optim = self.optim
         optimizer_class = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[optim["name"]]
         optimizer = optimizer_class(
-            param_groups(self.model, optim["weight_decay"]), lr=optim["lr"], betas=tuple(optim["betas"]), eps=optim["eps"]
+            param_groups(self.model, optim["weight_decay"]),
+            lr=optim["lr"],
+            betas=tuple(optim["betas"]),
+            eps=optim["eps"],
         )
         total = self.trainer.max_steps if self.trainer.max_steps > 0 else 1
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda(optim["schedule"], optim["warmup_steps"], total)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
-
-    # --- exact resume: the RNG streams (dropout) travel with the checkpoint ------------
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["rng"] = {"torch": torch.get_rng_state()}
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "rng" in checkpoint:
-            torch.set_rng_state(checkpoint["rng"]["torch"])
 
 
 def cut_at(ids: list[int], eos: int) -> list[int]:

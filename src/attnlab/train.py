@@ -3,7 +3,8 @@
     seed → data → LightningModule → callbacks → loggers → Trainer → fit → test
 
 Every run dir holds ``config.yaml`` (the resolved config), ``checkpoints/`` (best and
-last), ``metrics.csv`` (the local mirror of what W&B gets, same keys) and ``wandb/``.
+last), ``csv/version_*/metrics.csv`` (the local mirror of what W&B gets, same keys; one
+version per start) and ``wandb/``.
 Resume an interrupted run with ``attnlab-train resume=<its run dir>``: it continues from
 ``checkpoints/last.ckpt`` with the run's own saved config and the same W&B run.
 """
@@ -66,7 +67,8 @@ def wandb_settings(cfg: DictConfig) -> dict:
 def build_loggers(cfg: DictConfig, run_dir: Path, flat_config: dict) -> list:
     loggers = []
     if cfg.logger.csv:
-        loggers.append(CSVLogger(save_dir=run_dir, name="", version=""))
+        # csv/version_<k>/metrics.csv: a resumed run appends a new version, never overwrites.
+        loggers.append(CSVLogger(save_dir=run_dir, name="csv"))
     if cfg.logger.wandb:
         mode = os.environ.get("WANDB_MODE", "offline" if "WANDB_API_KEY" not in os.environ else "online")
         settings = wandb_settings(cfg)
@@ -88,16 +90,21 @@ def build_loggers(cfg: DictConfig, run_dir: Path, flat_config: dict) -> list:
 
 
 def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
-    checkpoints = ModelCheckpoint(
+    """best.ckpt at each validation (by optimized_metric); last.ckpt every few steps, for resume."""
+    best = ModelCheckpoint(
         dirpath=run_dir / "checkpoints",
         filename="best",
         monitor=cfg.optimized_metric,
         mode="min",
         save_top_k=1,
+    )
+    last = ModelCheckpoint(
+        dirpath=run_dir / "checkpoints",
+        save_top_k=0,
         save_last=True,
         every_n_train_steps=cfg.callbacks.checkpoint_every_n_steps,
     )
-    return [checkpoints]
+    return [best, last]
 
 
 def flatten(config: dict, prefix: str = "") -> dict:
@@ -134,14 +141,14 @@ def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
         )
         last = run_dir / "checkpoints" / "last.ckpt"
         trainer.fit(task, datamodule=data, ckpt_path=str(last) if cfg.resume else None)
+        best = trainer.checkpoint_callback.best_model_score  # of optimized_metric
         if cfg.test:
-            trainer.test(task, datamodule=data, ckpt_path="best" if trainer.checkpoint_callback.best_model_path else None)
-        metric = trainer.callback_metrics.get(cfg.optimized_metric)
+            trainer.test(task, datamodule=data, ckpt_path="best" if best is not None else None)
         if cfg.logger.wandb and is_rank_zero():
             import wandb
 
             wandb.finish()
-    return float(metric) if metric is not None else float("nan")
+    return float(best) if best is not None else float("nan")
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")

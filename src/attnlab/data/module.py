@@ -46,7 +46,13 @@ def collate_seq2seq(examples: list[dict]) -> dict[str, torch.Tensor]:
     src = pad([ex["src"] for ex in examples], PAD)
     tgt_in = pad([[BOS, *ex["tgt"]] for ex in examples], PAD)
     tgt_out = pad([[*ex["tgt"], EOS] for ex in examples], IGNORE)
-    return {"src": src, "src_mask": src != PAD, "tgt_in": tgt_in, "tgt_out": tgt_out, "tgt_mask": tgt_out != IGNORE}
+    return {
+        "src": src,
+        "src_mask": src != PAD,
+        "tgt_in": tgt_in,
+        "tgt_out": tgt_out,
+        "tgt_mask": tgt_out != IGNORE,
+    }
 
 
 def collate_lm(examples: list[dict]) -> dict[str, torch.Tensor]:
@@ -71,7 +77,9 @@ class StreamBatchSampler(Sampler[list[int]]):
     sampler shards by itself (the Trainer runs with ``use_distributed_sampler=False``).
     """
 
-    def __init__(self, n: int, batch_size: int, seed: int, start: int = 0, rank: int = 0, world_size: int = 1):
+    def __init__(
+        self, n: int, batch_size: int, seed: int, start: int = 0, rank: int = 0, world_size: int = 1
+    ):
         if batch_size > n:
             raise ValueError(f"data.batch_size={batch_size} exceeds the {n} training examples")
         if batch_size % world_size:
@@ -117,7 +125,9 @@ class SequenceData(L.LightningDataModule):
         # how many were consumed.
         start = trainer.global_step * trainer.accumulate_grad_batches if trainer else 0
         rank, world = (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
-        sampler = StreamBatchSampler(len(self.splits["train"]), self.batch_size, self.seed, start, rank, world)
+        sampler = StreamBatchSampler(
+            len(self.splits["train"]), self.batch_size, self.seed, start, rank, world
+        )
         return self.loader(self.splits["train"], batch_sampler=sampler)
 
     def eval_loader(self, split: str) -> DataLoader:

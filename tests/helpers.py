@@ -1,0 +1,68 @@
+"""Running attnlab-train from tests: in-process (Hydra compose) or as the real CLI."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# --- running attnlab-train in tests ----------------------------------------------------
+
+# Overrides that make any config run in seconds: a few steps, small splits.
+FAST = [
+    "trainer.max_steps=6",
+    "trainer.val_check_interval=3",
+    "trainer.log_every_n_steps=1",
+    "trainer.enable_progress_bar=false",
+    "callbacks.checkpoint_every_n_steps=3",
+    "data.train_size=256",
+    "data.val_size=32",
+    "data.test_size=32",
+    "data.batch_size=16",
+    "data.eval_batch_size=16",
+]
+
+
+def compose_run(run_dir, overrides, fast=True):
+    """Compose conf/train.yaml as `attnlab-train` would, with run_dir as the output dir."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from attnlab.train import CONF_DIR
+
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=[*(FAST if fast else []), *overrides], return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(run_dir)
+        cfg.hydra.runtime.cwd = str(ROOT)
+        cfg.hydra.job.num = 0
+        cfg.hydra.job.override_dirname = ""
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def run_train(run_dir, *overrides, fast=True, **kwargs):
+    from attnlab.train import train
+
+    return train(compose_run(run_dir, list(overrides), fast), **kwargs)
+
+
+def wandb_run_files(run_dir):
+    return sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb"))
+
+
+def cli(*args, cwd=ROOT, timeout=600):
+    """Run the installed console script in a subprocess; returns CompletedProcess."""
+    script = Path(sys.executable).parent / args[0]
+    return subprocess.run(
+        [str(script), *args[1:]],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=os.environ.copy(),
+    )

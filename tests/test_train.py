@@ -1,0 +1,163 @@
+"""attnlab-train end to end: every config runs, logs, checkpoints, resumes and fails clearly."""
+
+
+import pytest
+import torch
+
+from attnlab import wandb_records
+from attnlab.config import ConfigError
+from attnlab.train import train
+from helpers import ROOT, cli, compose_run, run_train, wandb_run_files
+
+CONF = ROOT / "conf"
+
+
+def names(group):
+    return sorted(path.stem for path in (CONF / group).glob("*.yaml"))
+
+
+# --- smoke runs of every config ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("data", [name for name in names("data") if name not in ("translation", "text")])
+@pytest.mark.parametrize("model", ["transformer", "lm"])
+def test_every_synthetic_task_with_both_models(tmp_path, data, model):
+    loss = run_train(tmp_path, f"data={data}", f"model={model}", "logger=csv")
+    assert loss == loss  # not NaN: val/loss was computed
+    assert (tmp_path / "checkpoints" / "last.ckpt").exists()
+
+
+@pytest.mark.parametrize("attention", names("attention"))
+@pytest.mark.parametrize("scale", ["none", "dk", "learned", "0.5"])
+def test_every_attention_config_and_scale(tmp_path, attention, scale):
+    run_train(tmp_path, f"attention={attention}", f"attention.scale={scale}", "logger=none", "test=false")
+
+
+@pytest.mark.parametrize("optim", names("optim"))
+def test_every_optimiser_config(tmp_path, optim):
+    run_train(tmp_path, f"optim={optim}", "logger=none", "test=false")
+
+
+def test_base_model_config_builds_and_steps(tmp_path):
+    run_train(
+        tmp_path, "model=transformer_base", "logger=none", "test=false",
+        "trainer.max_steps=1", "trainer.val_check_interval=1", "data.val_size=8", "data.batch_size=4",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("experiment", names("experiment"))
+def test_every_experiment_runs_one_job(tmp_path, experiment):
+    cfg = compose_run(tmp_path, [f"experiment={experiment}", "logger=csv"])
+    assert cfg.name == experiment
+    train(cfg)
+
+
+@pytest.mark.parametrize("trainer", ["gpu", "ddp"])
+def test_gpu_trainer_configs_compose(tmp_path, trainer):
+    cfg = compose_run(tmp_path, [f"trainer={trainer}"])
+    assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
+
+
+# --- the main job leaves a complete run dir, with a readable W&B offline run ---------------
+
+
+def test_cli_main_job_writes_config_checkpoints_metrics_and_wandb(tmp_path):
+    result = cli("attnlab-train", f"hydra.run.dir={tmp_path}", "trainer.max_steps=40",
+                 "trainer.val_check_interval=20", "trainer.enable_progress_bar=false")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in (
+        "config.yaml",
+        "csv/version_0/metrics.csv",
+        "checkpoints/last.ckpt",
+        "checkpoints/best.ckpt",
+    ):
+        assert (tmp_path / name).exists(), name
+    header = (tmp_path / "csv/version_0/metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"train/loss", "val/loss", "val/ppl", "val/acc", "lr", "perf/tokens_per_s"} <= set(header)
+
+    (run_file,) = wandb_run_files(tmp_path)
+    rows = wandb_records.history(run_file)
+    train_losses = [row["train/loss"] for row in rows if "train/loss" in row]
+    val_losses = [row["val/loss"] for row in rows if "val/loss" in row]
+    assert len(train_losses) >= 4 and len(val_losses) == 2
+    assert train_losses[-1] < train_losses[0]
+    config = wandb_records.config(run_file)
+    assert config["attention.scale"] == "sqrt_dk" and config["model.n_heads"] == 4
+    info = wandb_records.run_info(run_file)
+    assert info["group"] == "default" and "default" in info["tags"] and info["job_type"] == "train"
+
+
+# --- resume ------------------------------------------------------------------------------
+
+
+class Interrupt:
+    """A callback that kills the run at a given step, as a crash or a pre-emption would."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def __getattr__(self, name):  # every other Lightning hook: do nothing
+        if name.startswith(("on_", "setup", "teardown", "state_dict", "load_state_dict")):
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+
+def test_resume_continues_to_the_same_weights_as_an_uninterrupted_run(tmp_path):
+    from lightning.pytorch.callbacks import Callback
+
+    class Crash(Callback):
+        def on_train_batch_start(self, trainer, *args):
+            if trainer.global_step == 8:
+                raise RuntimeError("simulated crash")
+
+    common = ["trainer.max_steps=12", "callbacks.checkpoint_every_n_steps=6", "trainer.val_check_interval=6",
+              "model.dropout=0.1", "logger=wandb", "test=false"]  # fmt: skip
+    run_train(tmp_path / "straight", *common)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_train(tmp_path / "resumed", *common, extra_callbacks=(Crash(),))
+    assert torch.load(tmp_path / "resumed/checkpoints/last.ckpt", weights_only=False)["global_step"] == 6
+    run_train(tmp_path / "ignored", f"resume={tmp_path / 'resumed'}", "trainer.max_steps=12")
+
+    straight = torch.load(tmp_path / "straight/checkpoints/last.ckpt", weights_only=False)
+    resumed = torch.load(tmp_path / "resumed/checkpoints/last.ckpt", weights_only=False)
+    assert resumed["global_step"] == straight["global_step"] == 12
+    for name, tensor in straight["state_dict"].items():
+        torch.testing.assert_close(resumed["state_dict"][name], tensor, msg=name)
+    # the same W&B run continued: one run id, steps 6..12 appended to it
+    ids = {wandb_records.run_info(path)["id"] for path in wandb_run_files(tmp_path / "resumed")}
+    assert len(ids) == 1
+
+
+def test_resume_of_a_missing_run_says_what_is_missing(tmp_path):
+    with pytest.raises(ConfigError, match="last.ckpt|config.yaml"):
+        run_train(tmp_path, f"resume={tmp_path / 'nowhere'}")
+
+
+# --- bad configuration fails before training, naming key, value and choices ---------------
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (["attention.scale=sqrt"], r"attention.scale='sqrt'.*none.*sqrt_dk.*dk.*learned"),
+        (["attention.scale=-2"], r"attention.scale=-2.*positive"),
+        (["attention.variant=bilinear"], r"attention.variant='bilinear'.*additive.*cosine.*dot"),
+        (["model.d_model=50", "model.n_heads=4"], r"model.d_model=50.*model.n_heads=4.*model.d_k"),
+        (["model.kind=rnn"], r"model.kind='rnn'.*transformer.*lm"),
+        (["data.name=mnist"], r"data.name='mnist'.*copy.*recall"),
+        (["optim.schedule=linear"], r"optim.schedule='linear'.*inverse_sqrt"),
+        (["data=text", "model=transformer"], r"data=text.*model=lm"),
+    ],
+)
+def test_bad_config_fails_before_training(tmp_path, overrides, expected):
+    with pytest.raises(ConfigError, match=expected):
+        run_train(tmp_path, *overrides)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_cli_reports_a_bad_config_and_a_bad_group_choice(tmp_path):
+    result = cli("attnlab-train", f"hydra.run.dir={tmp_path}", "attention.scale=sqrtdk")
+    assert result.returncode != 0
+    assert "attention.scale='sqrtdk' is not valid" in result.stderr
+    result = cli("attnlab-train", f"hydra.run.dir={tmp_path}", "data=imagenet")
+    assert result.returncode != 0 and "data/imagenet" in result.stderr and "copy" in result.stderr
