@@ -1,15 +1,19 @@
 """attnlab-train end to end: every config runs, logs, checkpoints, resumes and fails clearly."""
 
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from attnlab import wandb_records
 from attnlab.config import ConfigError
+from attnlab.runs import read_config, read_metrics
 from attnlab.train import train
-from helpers import ROOT, cli, compose_run, run_train, wandb_run_files
+from helpers import FAST, ROOT, cli, compose_run, run_train, wandb_run_files
 
 CONF = ROOT / "conf"
+FAST_CLI = [override for override in FAST if "checkpoint" not in override]
 
 
 def names(group):
@@ -129,7 +133,7 @@ def test_resume_continues_to_the_same_weights_as_an_uninterrupted_run(tmp_path):
 
 
 def test_resume_of_a_missing_run_says_what_is_missing(tmp_path):
-    with pytest.raises(ConfigError, match="last.ckpt|config.yaml"):
+    with pytest.raises(ConfigError, match=r"last\.ckpt|config\.yaml"):
         run_train(tmp_path, f"resume={tmp_path / 'nowhere'}")
 
 
@@ -161,3 +165,45 @@ def test_cli_reports_a_bad_config_and_a_bad_group_choice(tmp_path):
     assert "attention.scale='sqrtdk' is not valid" in result.stderr
     result = cli("attnlab-train", f"hydra.run.dir={tmp_path}", "data=imagenet")
     assert result.returncode != 0 and "data/imagenet" in result.stderr and "copy" in result.stderr
+
+
+# --- sweeps: DDP inside a multirun, and the joblib launcher ------------------------------
+
+
+def sweep_jobs(sweep_dir):
+    return sorted(path for path in Path(sweep_dir).iterdir() if path.is_dir())
+
+
+def test_ddp_inside_a_multirun_gives_one_dir_and_one_wandb_run_per_job(tmp_path):
+    result = cli(
+        "attnlab-train", "-m", "trainer=ddp_cpu", "attention.scale=none,learned",
+        f"hydra.sweep.dir={tmp_path}",
+        "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.enable_progress_bar=false",
+        "data.train_size=256", "data.val_size=64", "data.test_size=64", "data.batch_size=16",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = sweep_jobs(tmp_path)
+    assert [job.name for job in jobs] == ["0", "1"]  # no rank ran a sweep of its own
+    assert not (tmp_path / "multirun").exists() and not (tmp_path / "outputs").exists()
+    scales = []
+    for job in jobs:
+        (run_file,) = wandb_run_files(job)
+        scales.append(wandb_records.config(run_file)["attention.scale"])
+        assert (job / "checkpoints/last.ckpt").exists() and (job / "rank1.log").exists()
+        assert len(list((job / "csv").iterdir())) == 1
+        assert "WORLD_SIZE: 2" in result.stderr or "MEMBER: 2/2" in result.stderr
+    assert scales == ["none", "learned"]
+
+
+def test_joblib_launcher_runs_jobs_in_parallel_processes(tmp_path):
+    result = cli(
+        "attnlab-train", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "attention.scale=none,dk",
+        f"hydra.sweep.dir={tmp_path}", "logger=csv", *FAST_CLI, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = sweep_jobs(tmp_path)
+    assert [job.name for job in jobs] == ["0", "1"]
+    assert [read_config(job)["attention"]["scale"] for job in jobs] == ["none", "dk"]
+    assert all(read_metrics(job) for job in jobs)
+    assert "joblib" in (tmp_path / "multirun.yaml").read_text()

@@ -141,14 +141,15 @@ def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
         )
         last = run_dir / "checkpoints" / "last.ckpt"
         trainer.fit(task, datamodule=data, ckpt_path=str(last) if cfg.resume else None)
-        best = trainer.checkpoint_callback.best_model_score  # of optimized_metric
+        best = trainer.checkpoint_callback  # the first ModelCheckpoint: by optimized_metric
         if cfg.test:
-            trainer.test(task, datamodule=data, ckpt_path="best" if best is not None else None)
+            trainer.test(task, datamodule=data, ckpt_path=best.best_model_path or None)
         if cfg.logger.wandb and is_rank_zero():
             import wandb
 
             wandb.finish()
-    return float(best) if best is not None else float("nan")
+    score = best.best_model_score
+    return float(score) if score is not None else float("nan")
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")

@@ -41,7 +41,7 @@ def recall_example(rng, vocab, length):
     keys = rng.choice(half, size=length, replace=False) + N_SPECIAL
     values = rng.integers(half, vocab, size=length) + N_SPECIAL
     query = rng.integers(length)
-    src = np.stack([keys, values], axis=1).ravel().tolist() + [int(keys[query])]
+    src = [*np.stack([keys, values], axis=1).ravel().tolist(), int(keys[query])]
     return src, [int(values[query])]
 
 
