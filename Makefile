@@ -18,7 +18,7 @@ export WANDB_DATA_DIR := $(ATTNLAB_CACHE)/wandb-data
 export MPLCONFIGDIR := $(ATTNLAB_CACHE)/matplotlib
 export TORCHINDUCTOR_CACHE_DIR := $(ATTNLAB_CACHE)/inductor
 
-.PHONY: install demo test test-slow lint bench clean
+.PHONY: install demo test test-slow lint bench corpus clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -45,6 +45,15 @@ lint: install
 
 bench: install
 	$(PY) benchmarks/attention_speed.py
+
+# The offline English–Spanish corpus (data=translation): two public-domain Bibles that
+# Debian ships as SWORD modules, unpacked into the project cache.
+SWORD := $(ATTNLAB_CACHE)/sword
+corpus: $(SWORD)/usr/share/sword/mods.d
+$(SWORD)/usr/share/sword/mods.d:
+	mkdir -p $(SWORD)/debs
+	cd $(SWORD)/debs && apt-get download sword-text-web sword-text-sparv
+	for deb in $(SWORD)/debs/*.deb; do dpkg-deb -x $$deb $(SWORD); done
 
 clean:
 	rm -rf $(VENV) .cache outputs multirun .pytest_cache

@@ -10,21 +10,24 @@ ROOT = Path(__file__).resolve().parents[1]
 # --- running attnlab-train in tests ----------------------------------------------------
 
 # Overrides that make any config run in seconds: a few steps, small splits.
-FAST = [
+FAST_TRAINER = [
     "trainer.max_steps=6",
     "trainer.val_check_interval=3",
     "trainer.log_every_n_steps=1",
     "trainer.enable_progress_bar=false",
     "callbacks.checkpoint_every_n_steps=3",
+]
+FAST_DATA = [  # the synthetic tasks' sizes
     "data.train_size=256",
     "data.val_size=32",
     "data.test_size=32",
     "data.batch_size=16",
     "data.eval_batch_size=16",
 ]
+FAST = FAST_TRAINER + FAST_DATA
 
 
-def compose_run(run_dir, overrides, fast=True):
+def compose_run(run_dir, overrides, fast=True, fast_data=True):
     """Compose conf/train.yaml as `attnlab-train` would, with run_dir as the output dir."""
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
@@ -33,7 +36,8 @@ def compose_run(run_dir, overrides, fast=True):
     from attnlab.train import CONF_DIR
 
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=[*(FAST if fast else []), *overrides], return_hydra_config=True)
+        fast_overrides = (FAST_TRAINER + (FAST_DATA if fast_data else [])) if fast else []
+        cfg = compose("train", overrides=[*fast_overrides, *overrides], return_hydra_config=True)
     with open_dict(cfg):
         cfg.hydra.runtime.output_dir = str(run_dir)
         cfg.hydra.runtime.cwd = str(ROOT)
@@ -45,10 +49,10 @@ def compose_run(run_dir, overrides, fast=True):
     return cfg
 
 
-def run_train(run_dir, *overrides, fast=True, **kwargs):
+def run_train(run_dir, *overrides, fast=True, fast_data=True, **kwargs):
     from attnlab.train import train
 
-    return train(compose_run(run_dir, list(overrides), fast), **kwargs)
+    return train(compose_run(run_dir, list(overrides), fast, fast_data), **kwargs)
 
 
 def wandb_run_files(run_dir):

@@ -1,6 +1,5 @@
 """attnlab-train end to end: every config runs, logs, checkpoints, resumes and fails clearly."""
 
-
 from pathlib import Path
 
 import pytest
@@ -8,9 +7,10 @@ import torch
 
 from attnlab import wandb_records
 from attnlab.config import ConfigError
-from attnlab.runs import read_config, read_metrics
+from attnlab.runs import read_config, read_metrics, series
 from attnlab.train import train
 from helpers import FAST, ROOT, cli, compose_run, run_train, wandb_run_files
+from sword_fixture import write_module
 
 CONF = ROOT / "conf"
 FAST_CLI = [override for override in FAST if "checkpoint" not in override]
@@ -29,6 +29,32 @@ def test_every_synthetic_task_with_both_models(tmp_path, data, model):
     loss = run_train(tmp_path, f"data={data}", f"model={model}", "logger=csv")
     assert loss == loss  # not NaN: val/loss was computed
     assert (tmp_path / "checkpoints" / "last.ckpt").exists()
+
+
+def test_translation_config_trains_and_logs_bleu(tmp_path):
+    from test_data import ENGLISH, SPANISH
+
+    sword = tmp_path / "sword"
+    write_module(sword, "engTEST", ENGLISH, versification="NRSVA")
+    write_module(sword, "spaTEST", SPANISH, versification="KJV")
+    run_train(
+        tmp_path / "run", "data=translation", f"data.sword_dir={sword}", "data.source_module=engTEST",
+        "data.target_module=spaTEST", "data.vocab_size=300", "data.val_size=1", "data.test_size=1",
+        "data.batch_size=2", "data.eval_batch_size=2", f"cache_dir={tmp_path / 'cache'}", "logger=csv",
+        fast_data=False,
+    )  # fmt: skip
+    _, bleu = series(read_metrics(tmp_path / "run"), "val/bleu")
+    assert len(bleu) == 2 and all(0 <= value <= 100 for value in bleu)
+
+
+def test_text_config_trains_the_lm(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"line {i} of a small corpus about attention." for i in range(300)))
+    run_train(
+        tmp_path / "run", "model=lm", "data=text", f"data.files.train={corpus}", "data.vocab_size=200",
+        "data.block_size=16", f"cache_dir={tmp_path / 'cache'}", "logger=csv", fast_data=False,
+    )  # fmt: skip
+    assert series(read_metrics(tmp_path / "run"), "val/ppl")[1]
 
 
 @pytest.mark.parametrize("attention", names("attention"))
@@ -151,11 +177,12 @@ def test_resume_of_a_missing_run_says_what_is_missing(tmp_path):
         (["data.name=mnist"], r"data.name='mnist'.*copy.*recall"),
         (["optim.schedule=linear"], r"optim.schedule='linear'.*inverse_sqrt"),
         (["data=text", "model=transformer"], r"data=text.*model=lm"),
+        (["trainer.max_steps=0"], r"trainer.max_steps=0.*positive"),
     ],
 )
 def test_bad_config_fails_before_training(tmp_path, overrides, expected):
     with pytest.raises(ConfigError, match=expected):
-        run_train(tmp_path, *overrides)
+        run_train(tmp_path, *overrides, fast_data=False)
     assert not (tmp_path / "checkpoints").exists()
 
 

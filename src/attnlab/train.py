@@ -107,6 +107,13 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
     return [best, last]
 
 
+def finish_wandb(exit_code: int) -> None:
+    import wandb
+
+    if wandb.run is not None:
+        wandb.run.finish(exit_code=exit_code)
+
+
 def flatten(config: dict, prefix: str = "") -> dict:
     flat = {}
     for key, value in config.items():
@@ -132,22 +139,24 @@ def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
         L.seed_everything(cfg.seed, workers=True)
         data = build_data(cfg.data, cfg.model.kind, cfg.seed, Path(cfg.cache_dir))
         task = SequenceTask(resolved, data.vocab)
+        loggers = build_loggers(cfg, run_dir, flatten(resolved))
         trainer = L.Trainer(
             **resolved["trainer"],
             default_root_dir=run_dir,
             callbacks=[*build_callbacks(cfg, run_dir), *extra_callbacks],
-            logger=build_loggers(cfg, run_dir, flatten(resolved)) or False,
+            logger=loggers or False,
             use_distributed_sampler=False,  # the data module shards its own stream
         )
         last = run_dir / "checkpoints" / "last.ckpt"
-        trainer.fit(task, datamodule=data, ckpt_path=str(last) if cfg.resume else None)
-        best = trainer.checkpoint_callback  # the first ModelCheckpoint: by optimized_metric
-        if cfg.test:
-            trainer.test(task, datamodule=data, ckpt_path=best.best_model_path or None)
-        if cfg.logger.wandb and is_rank_zero():
-            import wandb
-
-            wandb.finish()
+        try:
+            trainer.fit(task, datamodule=data, ckpt_path=str(last) if cfg.resume else None)
+            best = trainer.checkpoint_callback  # the first ModelCheckpoint: by optimized_metric
+            if cfg.test:
+                trainer.test(task, datamodule=data, ckpt_path=best.best_model_path or None)
+        except BaseException:
+            finish_wandb(exit_code=1)  # marked failed; the next sweep job gets a run of its own
+            raise
+        finish_wandb(exit_code=0)
     score = best.best_model_score
     return float(score) if score is not None else float("nan")
 
