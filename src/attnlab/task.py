@@ -169,19 +169,21 @@ class SequenceTask(L.LightningModule):
     # --- optimisation ---------------------------------------------------------------
 
     def configure_optimizers(self):
-        optim = self.optim
-        optimizer_class = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[optim["name"]]
-        optimizer = optimizer_class(
-            param_groups(self.model, optim["weight_decay"]),
-            lr=optim["lr"],
-            betas=tuple(optim["betas"]),
-            eps=optim["eps"],
-        )
         total = self.trainer.max_steps if self.trainer.max_steps > 0 else 1
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_lambda(optim["schedule"], optim["warmup_steps"], total)
-        )
+        optimizer, schedule = build_optimizer(self.model, self.optim, total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def build_optimizer(model: torch.nn.Module, optim: dict, total_steps: int):
+    """Adam or AdamW over attnlab's parameter groups, with a per-step LambdaLR schedule."""
+    optimizer_class = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[optim["name"]]
+    optimizer = optimizer_class(
+        param_groups(model, optim["weight_decay"]), lr=optim["lr"], betas=tuple(optim["betas"]), eps=optim["eps"]
+    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(optim["schedule"], optim["warmup_steps"], total_steps)
+    )
+    return optimizer, schedule
 
 
 def cut_at(ids: list[int], eos: int) -> list[int]:
