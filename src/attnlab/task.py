@@ -178,7 +178,10 @@ def build_optimizer(model: torch.nn.Module, optim: dict, total_steps: int):
     """Adam or AdamW over attnlab's parameter groups, with a per-step LambdaLR schedule."""
     optimizer_class = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[optim["name"]]
     optimizer = optimizer_class(
-        param_groups(model, optim["weight_decay"]), lr=optim["lr"], betas=tuple(optim["betas"]), eps=optim["eps"]
+        param_groups(model, optim["weight_decay"]),
+        lr=optim["lr"],
+        betas=tuple(optim["betas"]),
+        eps=optim["eps"],
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(optim["schedule"], optim["warmup_steps"], total_steps)
