@@ -217,6 +217,8 @@ def test_ddp_inside_a_multirun_gives_one_dir_and_one_wandb_run_per_job(tmp_path)
     for job in jobs:
         (run_file,) = wandb_run_files(job)
         scales.append(wandb_records.config(run_file)["attention.scale"])
+        probed = [row for row in wandb_records.history(run_file) if "attn/entropy/dec.cross.L1" in row]
+        assert [row["trainer/global_step"] for row in probed] == [0]  # reduced over ranks, logged once
         assert (job / "checkpoints/last.ckpt").exists() and (job / "rank1.log").exists()
         assert len(list((job / "csv").iterdir())) == 1
         assert "WORLD_SIZE: 2" in result.stderr or "MEMBER: 2/2" in result.stderr

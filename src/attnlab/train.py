@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from attnlab.config import ConfigError, validate
 from attnlab.data import DATASETS, build_data
 from attnlab.distributed import Workers
+from attnlab.probes import build_probes
 from attnlab.task import SequenceTask
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
@@ -90,7 +91,8 @@ def build_loggers(cfg: DictConfig, run_dir: Path, flat_config: dict) -> list:
 
 
 def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
-    """best.ckpt at each validation (by optimized_metric); last.ckpt every few steps, for resume."""
+    """best.ckpt at each validation (by optimized_metric), last.ckpt every few steps (for
+    resume), and the probes."""
     best = ModelCheckpoint(
         dirpath=run_dir / "checkpoints",
         filename="best",
@@ -104,7 +106,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
         save_last=True,
         every_n_train_steps=cfg.callbacks.checkpoint_every_n_steps,
     )
-    return [best, last]
+    return [best, last, *build_probes(cfg.callbacks.get("probes"))]
 
 
 def finish_wandb(exit_code: int) -> None:

@@ -35,8 +35,10 @@ class MultiHeadAttention(nn.Module):
 
     d_k defaults to d_model / h and d_v to d_k. ``forward(x, source=None, ...)`` attends
     from x to ``source`` (x itself when None). Set ``record = True`` to make the layer
-    take the explicit path and keep ``logits`` (scaled, with retained grad) and
-    ``weights`` of its last call, for probes; off, it costs nothing.
+    take the explicit path and keep, from its last call, ``logits`` (scaled, with
+    retained grad), ``weights``, ``mask`` (which keys each query could see, or None)
+    and ``query_mask`` (which queries are real tokens, or None), for probes; off, it
+    costs nothing.
     """
 
     def __init__(
@@ -72,8 +74,7 @@ class MultiHeadAttention(nn.Module):
             attn.scale, d_k, n_heads, init=attn.tau_init, per_head=attn.tau_per_head
         )
         self.record = False
-        self.logits: Tensor | None = None
-        self.weights: Tensor | None = None
+        self.logits = self.weights = self.mask = self.query_mask = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -95,11 +96,13 @@ class MultiHeadAttention(nn.Module):
         key_mask: Tensor | None = None,
         causal: bool = False,
         attn_mask: Tensor | None = None,
+        query_mask: Tensor | None = None,
     ) -> Tensor:
         """x: (B, n, d_model); source: (B, m, d_model) or None for self-attention.
 
         key_mask: (B, m) bool, True = a real key (False = padding, never attended).
         attn_mask: bool, broadcastable to (B, h, n, m), True = may attend.
+        query_mask: (B, n) bool, True = a real query; only recorded, for the probes.
         """
         source = x if source is None else source
         q = self.split_heads(self.q_proj(x), self.d_k)
@@ -125,7 +128,7 @@ class MultiHeadAttention(nn.Module):
             mask = visibility(mask, causal, q.shape[-2], k.shape[-2], q.device)
             out, weights = attend(logits, v, mask, dropout_p)
             if self.record:
-                self.weights = weights
+                self.weights, self.mask, self.query_mask = weights, mask, query_mask
 
         batch, _, length, _ = out.shape
         out = out.transpose(1, 2).reshape(batch, length, self.n_heads * self.d_v)

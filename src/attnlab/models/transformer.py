@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -103,9 +104,12 @@ class Block(nn.Module):
         memory_mask: Tensor | None = None,
     ) -> Tensor:
         """mask / memory_mask: (B, n) / (B, m) bool, True = real token."""
-        x = self.residual(x, self.norms[0], lambda h: self.self_attn(h, key_mask=mask, causal=causal))
+        # query_mask only tells recording layers which query rows are padding.
+        self_attn = partial(self.self_attn, key_mask=mask, causal=causal, query_mask=mask)
+        x = self.residual(x, self.norms[0], self_attn)
         if self.cross_attn is not None:
-            x = self.residual(x, self.norms[1], lambda h: self.cross_attn(h, memory, key_mask=memory_mask))
+            cross_attn = partial(self.cross_attn, source=memory, key_mask=memory_mask, query_mask=mask)
+            x = self.residual(x, self.norms[1], cross_attn)
         return self.residual(x, self.norms[-1], self.ffn)
 
 

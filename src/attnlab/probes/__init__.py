@@ -1,0 +1,14 @@
+"""Probes: Lightning callbacks that measure attention during training (see callbacks.py)."""
+
+from attnlab.probes.callbacks import AttentionProbe, GradientProbe, Probe, TemperatureProbe, build_probes
+from attnlab.probes.statistics import attention_entropy, layer_statistics
+
+__all__ = [
+    "AttentionProbe",
+    "GradientProbe",
+    "Probe",
+    "TemperatureProbe",
+    "attention_entropy",
+    "build_probes",
+    "layer_statistics",
+]

@@ -1,0 +1,155 @@
+"""Lightning callbacks that look inside training every ``every_n_steps`` optimizer steps.
+
+Step 0 is always a probe step, so what the initialisation does is in the logs before
+the first optimizer step. Metric names follow SPEC §5, with the layer names of
+attnlab.models (``L0``; ``enc.L0``, ``dec.self.L0``, ``dec.cross.L0``):
+
+    grad/global_norm, grad/norm/<parameter path>          GradientProbe
+    grad/logits/<layer>, grad/logits_row_median/<layer>,   AttentionProbe
+    grad/softmax_jac/<layer>,
+    attn/entropy/<layer>[.H<h>], attn/entropy_norm/<layer>,
+    attn/logit_std/<layer>, attn/logit_max/<layer>, attn/saturation/<layer>
+    attn/tau/<layer>.H<h>                                 TemperatureProbe (learned τ)
+
+On a probe step the attention layers take the explicit path and record their logits;
+the values are read after the real training backward, before the optimizer step (after
+unscaling under mixed precision). Every other step takes the fast path and pays
+nothing. Under DDP each rank measures its own batch and the values are averaged over
+ranks (maxima: the max).
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import grad_norm
+from torch import nn
+
+from attnlab.attention import MultiHeadAttention, tau_values
+from attnlab.probes.statistics import layer_statistics
+
+
+def log_step_metrics(trainer: L.Trainer, metrics: dict, reduce_op: str = "mean") -> None:
+    """Reduce over DDP ranks in one collective, then write at this very step to every logger.
+
+    (``self.log`` would hold the values until the next ``log_every_n_steps`` boundary and
+    repeat them there; a probe's value belongs to the step it was measured at.)
+    """
+    if not metrics:
+        return
+    values = torch.stack([torch.as_tensor(value, dtype=torch.float32) for value in metrics.values()])
+    values = trainer.strategy.reduce(values.to(trainer.strategy.root_device), reduce_op=reduce_op)
+    if trainer.is_global_zero:
+        row = dict(zip(metrics, values.tolist(), strict=True))
+        for logger in trainer.loggers:
+            logger.log_metrics(row, step=trainer.global_step)
+
+
+class Probe(L.Callback):
+    def __init__(self, every_n_steps: int = 50):
+        if every_n_steps < 1:
+            raise ValueError(f"callbacks.probes.every_n_steps={every_n_steps} must be >= 1")
+        self.every_n_steps = every_n_steps
+
+    def due(self, trainer: L.Trainer) -> bool:
+        return trainer.global_step % self.every_n_steps == 0
+
+
+class GradientProbe(Probe):
+    """L2 norms of the attention projection, FFN and embedding weight gradients, and the global norm."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if not self.due(trainer):
+            return
+        norms = grad_norm(pl_module.model, norm_type=2)
+        total = norms.pop("grad_2.0_norm_total")
+        weights = {
+            name
+            for name, module in pl_module.model.named_modules()
+            if isinstance(module, (nn.Linear, nn.Embedding))
+        }
+        metrics = {"grad/global_norm": total}
+        for key, value in norms.items():
+            name = key.removeprefix("grad_2.0_norm/")
+            module, _, kind = name.rpartition(".")
+            if kind == "weight" and module in weights:
+                metrics[f"grad/norm/{name.removesuffix('.weight')}"] = value
+        log_step_metrics(trainer, metrics)
+
+
+class AttentionProbe(Probe):
+    """Entropy, logit statistics, saturation and the gradient at the logits, per layer."""
+
+    def __init__(self, every_n_steps: int = 50, chunk_size: int = 256):
+        super().__init__(every_n_steps)
+        self.chunk_size = chunk_size
+        self.layers: list[MultiHeadAttention] = []
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.layers = [m for m in pl_module.model.modules() if isinstance(m, MultiHeadAttention)]
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        recording = self.due(trainer)
+        for layer in self.layers:
+            layer.record = recording
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if not self.layers or not self.layers[0].record:
+            return
+        means, maxima = {}, {}
+        for layer in self.layers:
+            stats = layer_statistics(
+                layer.weights, layer.logits, layer.logits.grad, layer.mask, layer.query_mask, self.chunk_size
+            )
+            name = layer.name
+            means[f"attn/entropy/{name}"] = stats["entropy"]
+            for head, value in enumerate(stats["entropy_per_head"]):
+                means[f"attn/entropy/{name}.H{head}"] = value
+            means[f"attn/entropy_norm/{name}"] = stats["entropy_norm"]
+            means[f"attn/logit_std/{name}"] = stats["logit_std"]
+            means[f"attn/saturation/{name}"] = stats["saturation"]
+            means[f"grad/softmax_jac/{name}"] = stats["softmax_jac"]
+            if "grad_logits" in stats:
+                means[f"grad/logits/{name}"] = stats["grad_logits"]
+                means[f"grad/logits_row_median/{name}"] = stats["grad_logits_row_median"]
+            maxima[f"attn/logit_max/{name}"] = stats["logit_max"]
+        log_step_metrics(trainer, means)
+        log_step_metrics(trainer, maxima, reduce_op="max")
+        self.release()
+
+    def release(self) -> None:
+        for layer in self.layers:
+            layer.record = False
+            layer.logits = layer.weights = layer.mask = layer.query_mask = None
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.release()
+
+
+class TemperatureProbe(Probe):
+    """The temperature τ of every layer whose rule has parameters (``learned``), per head."""
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if not self.due(trainer):
+            return
+        metrics = {}
+        for layer in pl_module.model.modules():
+            if isinstance(layer, MultiHeadAttention) and any(True for _ in layer.temperature.parameters()):
+                for head, tau in enumerate(tau_values(layer.temperature)):
+                    metrics[f"attn/tau/{layer.name}.H{head}"] = tau
+        log_step_metrics(trainer, metrics)
+
+
+def build_probes(cfg) -> list[Probe]:
+    """From ``conf/callbacks/*.yaml``: ``probes.every_n_steps`` and one switch per probe."""
+    if not cfg or not cfg.get("enabled", True):
+        return []
+    every = cfg.every_n_steps
+    probes = []
+    if cfg.gradients:
+        probes.append(GradientProbe(every))
+    if cfg.attention:
+        probes.append(AttentionProbe(every, cfg.chunk_size))
+    if cfg.temperature:
+        probes.append(TemperatureProbe(every))
+    return probes

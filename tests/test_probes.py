@@ -1,0 +1,221 @@
+"""Probes against independent references: hand-built weights, autograd, direct formulas, the science."""
+
+import math
+from unittest import mock
+
+import lightning as L
+import pytest
+import torch
+from helpers import compose_run, run_train, wandb_run_files
+from omegaconf import OmegaConf
+
+from attnlab import wandb_records
+from attnlab.attention import AttentionConfig, MultiHeadAttention, multihead
+from attnlab.data import build_data
+from attnlab.data.module import IGNORE
+from attnlab.models import attention_layers, sequence_loss
+from attnlab.probes import AttentionProbe, attention_entropy, layer_statistics
+from attnlab.runs import read_metrics
+from attnlab.task import SequenceTask
+
+# --- entropy on hand-built weights -------------------------------------------------------
+
+
+def test_entropy_of_uniform_one_hot_and_masked_rows():
+    weights = torch.tensor(
+        [
+            [0.25, 0.25, 0.25, 0.25],  # uniform over 4 → log 4
+            [0.0, 1.0, 0.0, 0.0],  # one-hot → 0
+            [0.5, 0.5, 0.0, 0.0],  # uniform over the 2 visible keys → log 2
+        ]
+    )
+    torch.testing.assert_close(attention_entropy(weights), torch.tensor([math.log(4), 0.0, math.log(2)]))
+
+
+def test_layer_entropy_ignores_masked_keys_and_padded_queries():
+    # one head, 3 queries over 4 keys; query 2 is padding; key 3 is masked for everyone
+    weights = torch.tensor([[[[0.5, 0.5, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3, 0.0], [0.1, 0.2, 0.3, 0.0]]]])
+    mask = torch.tensor([True, True, True, False])[None, None, None, :]
+    query_mask = torch.tensor([[True, True, False]])
+    stats = layer_statistics(weights, torch.zeros_like(weights), mask=mask, query_mask=query_mask)
+    expected = (math.log(2) + math.log(3)) / 2  # the padded query's row is not counted
+    assert stats["entropy"].item() == pytest.approx(expected, rel=1e-6)
+    # normalised by log(visible keys) = log 3 for both rows
+    assert stats["entropy_norm"].item() == pytest.approx((math.log(2) / math.log(3) + 1) / 2, rel=1e-6)
+
+
+def random_recorded_layer(heads=3, n=7, m=9, scale=3.0):
+    logits = scale * torch.randn(2, heads, n, m, dtype=torch.float64)
+    mask = torch.rand(2, 1, n, m) > 0.3
+    mask[..., 0] = True
+    mask[1, :, 4] = False  # a query that sees nothing
+    query_mask = torch.ones(2, n, dtype=torch.bool)
+    query_mask[0, -2:] = False
+    weights = torch.softmax(logits.masked_fill(~mask, -math.inf), dim=-1).nan_to_num(0.0)
+    grad = torch.randn_like(logits).masked_fill(~mask, 0.0)
+    return weights, logits, grad, mask, query_mask
+
+
+def test_statistics_equal_direct_formulas_and_do_not_depend_on_chunking():
+    weights, logits, grad, mask, query_mask = random_recorded_layer()
+    visible = mask.expand_as(weights) & query_mask[:, None, :, None]
+    rows = visible.any(-1)
+    stats = layer_statistics(weights, logits, grad, mask, query_mask, chunk_size=2)
+
+    jacobian = (weights * (1 - weights)).sum(-1)[rows].mean()
+    assert stats["softmax_jac"].item() == pytest.approx(jacobian.item(), rel=1e-5)
+    assert stats["saturation"].item() == pytest.approx(
+        (weights.max(-1).values > 0.99)[rows].float().mean().item()
+    )
+    assert stats["logit_std"].item() == pytest.approx(logits[visible].std(unbiased=False).item(), rel=1e-5)
+    assert stats["logit_max"].item() == pytest.approx(logits[visible].max().item(), rel=1e-6)
+    assert stats["grad_logits"].item() == pytest.approx(grad[visible].square().mean().sqrt().item(), rel=1e-5)
+    row_norms = (grad * visible).norm(dim=-1)[rows]
+    assert stats["grad_logits_row_median"].item() == pytest.approx(row_norms.median().item(), rel=1e-5)
+    per_head = torch.stack([attention_entropy(weights[:, h])[rows[:, h]].mean() for h in range(3)])
+    torch.testing.assert_close(stats["entropy_per_head"], per_head.float())
+    unchunked = layer_statistics(weights, logits, grad, mask, query_mask, chunk_size=1000)
+    for key, value in stats.items():
+        torch.testing.assert_close(unchunked[key], value, msg=key)
+
+
+# --- the probes inside a real training run match autograd -----------------------------------
+
+PROBE_EVERY_STEP = [
+    "callbacks.probes.every_n_steps=1",
+    "model.dropout=0.0",
+    "trainer.max_steps=1",
+    "test=false",
+    "logger=csv",
+    "model=lm",
+    "data=reverse",
+]
+
+
+def initial_model_and_first_batch(cfg):
+    """What train() builds, in the same order from the same seed: the model at init, batch 0."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    L.seed_everything(cfg.seed)
+    data = build_data(cfg.data, cfg.model.kind, cfg.seed, cfg.cache_dir)
+    task = SequenceTask(resolved, data.vocab)
+    return task, next(iter(data.train_dataloader())), resolved
+
+
+def test_logged_gradient_probes_equal_autograd_on_the_same_batch(tmp_path):
+    cfg = compose_run(tmp_path, PROBE_EVERY_STEP)
+    task, batch, resolved = initial_model_and_first_batch(cfg)
+    from attnlab.train import train
+
+    train(cfg)
+    logged = {k: v for row in read_metrics(tmp_path) if row["step"] == 0 for k, v in row.items()}
+
+    # Reference: capture each layer's logits where the explicit path consumes them, and ask
+    # autograd for d loss / d logits directly (no retain_grad, no probe code).
+    captured = []
+    original = multihead.attend
+
+    def capture(logits, v, mask, dropout_p):
+        captured.append((logits, mask))
+        return original(logits, v, mask, dropout_p)
+
+    for layer in attention_layers(task.model):
+        layer.record = True
+    with mock.patch.object(multihead, "attend", capture):
+        logits, targets = task(batch)
+    loss = sequence_loss(logits, targets, IGNORE, resolved["optim"]["label_smoothing"])
+    grads = torch.autograd.grad(loss, [c[0] for c in captured], retain_graph=True)
+    loss.backward()
+
+    for layer, (layer_logits, mask), grad in zip(attention_layers(task.model), captured, grads, strict=True):
+        visible = mask.expand_as(layer_logits) & batch["mask"][:, None, :, None]
+        rms = grad[visible].square().mean().sqrt().item()
+        assert logged[f"grad/logits/{layer.name}"] == pytest.approx(rms, rel=1e-4)
+        weights = layer.weights.detach()
+        jacobian = (weights * (1 - weights)).sum(-1)[visible.any(-1)].mean().item()
+        assert logged[f"grad/softmax_jac/{layer.name}"] == pytest.approx(jacobian, rel=1e-4)
+    for name, param in task.model.named_parameters():
+        key = f"grad/norm/{name.removesuffix('.weight')}"
+        if name.endswith(".weight") and key in logged:
+            assert logged[key] == pytest.approx(torch.linalg.vector_norm(param.grad).item(), rel=1e-4), name
+    assert "grad/norm/embed.tokens" in logged and "grad/norm/decoder.layers.0.self_attn.q_proj" in logged
+    norms = [p.grad.norm() for p in task.model.parameters() if p.grad is not None]
+    assert logged["grad/global_norm"] == pytest.approx(torch.stack(norms).norm().item(), rel=1e-4)
+
+
+class RecordingCheck(L.Callback):
+    """Runs after the probes' hooks: which steps took the explicit path."""
+
+    def __init__(self):
+        self.recorded_steps = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if all(layer.record for layer in attention_layers(pl_module.model)):
+            self.recorded_steps.append(trainer.global_step)
+
+
+def test_only_probe_steps_take_the_explicit_path(tmp_path):
+    check = RecordingCheck()
+    run_train(tmp_path, "callbacks.probes.every_n_steps=4", "trainer.max_steps=9", "logger=csv",
+              "test=false", extra_callbacks=(check,))  # fmt: skip
+    assert check.recorded_steps == [0, 4, 8]
+
+
+# --- the science at initialisation ---------------------------------------------------------
+
+
+def init_statistics(rule, d_k=256, n=16):
+    """One head with d_k = 256 at init, unit-variance random inputs, a random upstream gradient."""
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(d_k, 1, attn=AttentionConfig(scale=rule))
+    layer.record = True
+    x = torch.randn(64, n, d_k)
+    (layer(x) * torch.randn(64, n, d_k)).sum().backward()
+    return {key: value.item() for key, value in layer_statistics(layer.weights, layer.logits, layer.logits.grad).items()
+            if key != "entropy_per_head"}  # fmt: skip
+
+
+def test_at_init_unscaled_logits_saturate_and_starve_the_typical_row():
+    """SPEC §1: unscaled, the logits' std is √d_k = 16, rows saturate and the gradient at
+    the logits vanishes for the typical row. Its RMS does not show this: the few rows whose
+    top two logits nearly tie get large gradients and dominate the mean square."""
+    stats = {rule: init_statistics(rule) for rule in ("none", "sqrt_dk", "dk")}
+    for rule, values in stats.items():
+        print(rule, {key: round(value, 5) for key, value in values.items()})
+    entropy = {rule: s["entropy"] for rule, s in stats.items()}
+    saturation = {rule: s["saturation"] for rule, s in stats.items()}
+    assert entropy["none"] < entropy["sqrt_dk"] < entropy["dk"] <= math.log(16) + 1e-6
+    assert saturation["none"] == max(saturation.values()) and saturation["none"] > 0.3
+    assert stats["sqrt_dk"]["logit_std"] == pytest.approx(1.0, rel=0.15)
+    assert stats["none"]["logit_std"] == pytest.approx(16.0, rel=0.15)
+    typical = stats["sqrt_dk"]["grad_logits_row_median"] / stats["none"]["grad_logits_row_median"]
+    jacobian = stats["sqrt_dk"]["softmax_jac"] / stats["none"]["softmax_jac"]
+    rms = stats["sqrt_dk"]["grad_logits"] / stats["none"]["grad_logits"]
+    print(
+        f"sqrt_dk / none: typical-row gradient {typical:.0f}x, softmax Jacobian {jacobian:.1f}x, RMS {rms:.2f}x"
+    )
+    assert typical >= 10
+    assert jacobian >= 5
+    assert rms < 10  # the RMS alone would hide the effect
+
+
+# --- a real run logs every family for every layer, and a learned τ moves --------------------
+
+
+def test_learned_run_logs_every_probe_family_for_every_layer_to_wandb(tmp_path):
+    run_train(tmp_path, "attention.scale=learned", "callbacks.probes.every_n_steps=5", "trainer.max_steps=30",
+              "optim.lr=1e-2", "optim.warmup_steps=5", "test=false")  # fmt: skip
+    (run_file,) = wandb_run_files(tmp_path)
+    rows = wandb_records.history(run_file)
+    keys = set().union(*rows)
+    probe_steps = sorted({row["trainer/global_step"] for row in rows if "attn/entropy/enc.L0" in row})
+    assert probe_steps == [0, 5, 10, 15, 20, 25]
+    layers = ["enc.L0", "enc.L1", "dec.self.L0", "dec.cross.L0", "dec.self.L1", "dec.cross.L1"]
+    for layer in layers:
+        for family in ("grad/logits", "grad/logits_row_median", "grad/softmax_jac", "attn/entropy", "attn/entropy_norm",
+                       "attn/logit_std", "attn/logit_max", "attn/saturation"):  # fmt: skip
+            assert f"{family}/{layer}" in keys, f"{family}/{layer}"
+        for head in range(4):
+            assert f"attn/entropy/{layer}.H{head}" in keys and f"attn/tau/{layer}.H{head}" in keys
+    assert "grad/global_norm" in keys and any(key.startswith("grad/norm/") for key in keys)
+    taus = [row["attn/tau/enc.L0.H0"] for row in rows if "attn/tau/enc.L0.H0" in row]
+    assert taus[0] == pytest.approx(math.sqrt(16)) and abs(taus[-1] - taus[0]) > 1e-3
