@@ -75,13 +75,13 @@ def plain_loop(config: dict, cfg, steps: int) -> float:
     return time.perf_counter() - start
 
 
-def lightning_loop(config: dict, cfg, steps: int) -> float:
+def lightning_loop(config: dict, cfg, steps: int, callbacks: tuple = ()) -> float:
     torch.manual_seed(config["seed"])
     data = build_data(cfg.data, cfg.model.kind, cfg.seed, cfg.cache_dir)
     task = SequenceTask(config, data.vocab)
     clock = StepClock()
     trainer = L.Trainer(
-        callbacks=[clock],
+        callbacks=[clock, *callbacks],
         accelerator="cpu",
         devices=1,
         max_steps=steps,
@@ -99,9 +99,7 @@ def lightning_loop(config: dict, cfg, steps: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("overrides", nargs="*", help="hydra overrides, e.g. data=reverse model.d_model=128")

@@ -19,9 +19,7 @@ RULES = ["none", "sqrt_dk", "dk", "learned", 2.5]
 
 
 def expected_tau(rule, d_k):
-    return {"none": 1.0, "sqrt_dk": math.sqrt(d_k), "dk": float(d_k), "learned": math.sqrt(d_k)}.get(
-        rule, rule
-    )
+    return {"none": 1.0, "sqrt_dk": math.sqrt(d_k), "dk": float(d_k), "learned": math.sqrt(d_k)}.get(rule, rule)
 
 
 # --- SPEC §8 reference examples ---------------------------------------------------------

@@ -6,7 +6,6 @@ from unittest import mock
 import lightning as L
 import pytest
 import torch
-from helpers import compose_run, run_train, wandb_run_files
 from omegaconf import OmegaConf
 
 from attnlab import wandb_records
@@ -14,9 +13,10 @@ from attnlab.attention import AttentionConfig, MultiHeadAttention, multihead
 from attnlab.data import build_data
 from attnlab.data.module import IGNORE
 from attnlab.models import attention_layers, sequence_loss
-from attnlab.probes import AttentionProbe, attention_entropy, layer_statistics
+from attnlab.probes import attention_entropy, layer_statistics
 from attnlab.runs import read_metrics
 from attnlab.task import SequenceTask
+from helpers import compose_run, run_train, wandb_run_files
 
 # --- entropy on hand-built weights -------------------------------------------------------
 
@@ -64,9 +64,7 @@ def test_statistics_equal_direct_formulas_and_do_not_depend_on_chunking():
 
     jacobian = (weights * (1 - weights)).sum(-1)[rows].mean()
     assert stats["softmax_jac"].item() == pytest.approx(jacobian.item(), rel=1e-5)
-    assert stats["saturation"].item() == pytest.approx(
-        (weights.max(-1).values > 0.99)[rows].float().mean().item()
-    )
+    assert stats["saturation"].item() == pytest.approx((weights.max(-1).values > 0.99)[rows].float().mean().item())
     assert stats["logit_std"].item() == pytest.approx(logits[visible].std(unbiased=False).item(), rel=1e-5)
     assert stats["logit_max"].item() == pytest.approx(logits[visible].max().item(), rel=1e-6)
     assert stats["grad_logits"].item() == pytest.approx(grad[visible].square().mean().sqrt().item(), rel=1e-5)
@@ -190,9 +188,7 @@ def test_at_init_unscaled_logits_saturate_and_starve_the_typical_row():
     typical = stats["sqrt_dk"]["grad_logits_row_median"] / stats["none"]["grad_logits_row_median"]
     jacobian = stats["sqrt_dk"]["softmax_jac"] / stats["none"]["softmax_jac"]
     rms = stats["sqrt_dk"]["grad_logits"] / stats["none"]["grad_logits"]
-    print(
-        f"sqrt_dk / none: typical-row gradient {typical:.0f}x, softmax Jacobian {jacobian:.1f}x, RMS {rms:.2f}x"
-    )
+    print(f"sqrt_dk / none: typical-row gradient {typical:.0f}x, softmax Jacobian {jacobian:.1f}x, RMS {rms:.2f}x")
     assert typical >= 10
     assert jacobian >= 5
     assert rms < 10  # the RMS alone would hide the effect

@@ -32,9 +32,7 @@ def reference_additive(layer, q, k):
         pairs = torch.empty(q.shape[0], q.shape[2], k.shape[2])
         for i in range(q.shape[2]):
             for j in range(k.shape[2]):
-                hidden = (
-                    q[:, head, i] @ score.w_q[head] + score.bias[head, 0] + k[:, head, j] @ score.w_k[head]
-                )
+                hidden = q[:, head, i] @ score.w_q[head] + score.bias[head, 0] + k[:, head, j] @ score.w_k[head]
                 pairs[:, i, j] = torch.tanh(hidden) @ score.v[head, :, 0]
         rows.append(pairs)
     return torch.stack(rows, dim=1)

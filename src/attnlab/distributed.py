@@ -30,9 +30,7 @@ def ddp_processes(trainer_cfg: dict) -> int:
         return 1
     devices = trainer_cfg.get("devices", 1)
     if devices in (-1, "auto", "-1"):
-        return (
-            torch.cuda.device_count() if trainer_cfg.get("accelerator") in ("gpu", "cuda") else os.cpu_count()
-        )
+        return torch.cuda.device_count() if trainer_cfg.get("accelerator") in ("gpu", "cuda") else os.cpu_count()
     return int(devices)
 
 
@@ -87,6 +85,4 @@ class Workers:
             os.environ.pop(key, None)
         failed = [proc.returncode for proc in self.procs if proc.returncode]
         if failed and exc_type is None:
-            raise RuntimeError(
-                f"DDP worker processes exited with codes {failed}; see {self.run_dir}/rank*.log"
-            )
+            raise RuntimeError(f"DDP worker processes exited with codes {failed}; see {self.run_dir}/rank*.log")

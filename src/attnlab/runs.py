@@ -19,9 +19,7 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     Each row holds ``step`` and the metrics logged at it; empty cells are dropped.
     """
     rows = []
-    versions = sorted(
-        (Path(run_dir) / "csv").glob("version_*"), key=lambda path: int(path.name.split("_")[1])
-    )
+    versions = sorted((Path(run_dir) / "csv").glob("version_*"), key=lambda path: int(path.name.split("_")[1]))
     for version in versions:
         path = version / "metrics.csv"
         if not path.exists():

@@ -97,9 +97,7 @@ class SequenceTask(L.LightningModule):
     def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
         elapsed = time.perf_counter() - self.step_started
         tokens = (
-            batch["src_mask"].sum() + batch["tgt_mask"].sum()
-            if self.kind == "transformer"
-            else batch["mask"].sum()
+            batch["src_mask"].sum() + batch["tgt_mask"].sum() if self.kind == "transformer" else batch["mask"].sum()
         )
         self.log("perf/tokens_per_s", tokens.item() * self.trainer.world_size / elapsed)
 
@@ -147,9 +145,7 @@ class SequenceTask(L.LightningModule):
 
     def decode_for_bleu(self, batch: dict) -> None:
         max_len = int(batch["tgt_mask"].sum(1).max()) + 10
-        decoded = self.model.greedy_decode(
-            batch["src"], self.vocab.bos, self.vocab.eos, max_len, batch["src_mask"]
-        )
+        decoded = self.model.greedy_decode(batch["src"], self.vocab.bos, self.vocab.eos, max_len, batch["src_mask"])
         for ids, target in zip(decoded.tolist(), batch["tgt_out"].tolist(), strict=True):
             self.hypotheses.append(self.vocab.decode(cut_at(ids, self.vocab.eos)))
             self.references.append(self.vocab.decode(cut_at(target, self.vocab.eos)))

@@ -59,10 +59,7 @@ def history(path: str | Path) -> list[dict]:
     for record in records(path):
         if record.WhichOneof("record_type") == "history":
             rows.append(
-                {
-                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                    for item in record.history.item
-                }
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
             )
     return rows
 
@@ -72,9 +69,7 @@ def config(path: str | Path) -> dict:
     values = {}
     for record in records(path):
         kind = record.WhichOneof("record_type")
-        updates = (
-            record.run.config.update if kind == "run" else record.config.update if kind == "config" else []
-        )
+        updates = record.run.config.update if kind == "run" else record.config.update if kind == "config" else []
         for item in updates:
             values[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
     values.pop("_wandb", None)

@@ -70,9 +70,7 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, n_heads * d_v, bias=bias)
         self.out_proj = nn.Linear(n_heads * d_v, d_model, bias=bias)
         self.score = make_score(attn.variant, d_k, n_heads, **attn.options)
-        self.temperature = make_temperature(
-            attn.scale, d_k, n_heads, init=attn.tau_init, per_head=attn.tau_per_head
-        )
+        self.temperature = make_temperature(attn.scale, d_k, n_heads, init=attn.tau_init, per_head=attn.tau_per_head)
         self.record = False
         self.logits = self.weights = self.mask = self.query_mask = None
         self.reset_parameters()

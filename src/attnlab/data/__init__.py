@@ -37,9 +37,7 @@ DATASETS = {**dict.fromkeys(TASKS, synthetic), "translation": translation, "text
 
 def build_data(cfg: DictConfig, model_kind: str, seed: int, cache_dir: Path) -> SequenceData:
     splits, vocab = DATASETS[cfg.name](cfg, seed, cache_dir)
-    return SequenceData(
-        splits, vocab, model_kind, cfg.batch_size, cfg.get("eval_batch_size"), cfg.num_workers, seed
-    )
+    return SequenceData(splits, vocab, model_kind, cfg.batch_size, cfg.get("eval_batch_size"), cfg.num_workers, seed)
 
 
 __all__ = ["DATASETS", "SequenceData", "Vocabulary", "build_data"]

@@ -44,9 +44,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int):
     return tokenizer
 
 
-def cached_splits(
-    cfg: DictConfig, cache_dir: Path, kind: str, prepare: Callable
-) -> tuple[DatasetDict, Vocabulary]:
+def cached_splits(cfg: DictConfig, cache_dir: Path, kind: str, prepare: Callable) -> tuple[DatasetDict, Vocabulary]:
     """Load ``cache_dir/kind/<fingerprint>``, running ``prepare(cfg) -> (splits, tokenizer)`` once.
 
     Preparation writes to a private folder that is renamed into place, so parallel sweep

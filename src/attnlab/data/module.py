@@ -77,9 +77,7 @@ class StreamBatchSampler(Sampler[list[int]]):
     sampler shards by itself (the Trainer runs with ``use_distributed_sampler=False``).
     """
 
-    def __init__(
-        self, n: int, batch_size: int, seed: int, start: int = 0, rank: int = 0, world_size: int = 1
-    ):
+    def __init__(self, n: int, batch_size: int, seed: int, start: int = 0, rank: int = 0, world_size: int = 1):
         if batch_size > n:
             raise ValueError(f"data.batch_size={batch_size} exceeds the {n} training examples")
         if batch_size % world_size:
@@ -125,9 +123,7 @@ class SequenceData(L.LightningDataModule):
         # how many were consumed.
         start = trainer.global_step * trainer.accumulate_grad_batches if trainer else 0
         rank, world = (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
-        sampler = StreamBatchSampler(
-            len(self.splits["train"]), self.batch_size, self.seed, start, rank, world
-        )
+        sampler = StreamBatchSampler(len(self.splits["train"]), self.batch_size, self.seed, start, rank, world)
         return self.loader(self.splits["train"], batch_sampler=sampler)
 
     def eval_loader(self, split: str) -> DataLoader:

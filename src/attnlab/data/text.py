@@ -22,9 +22,7 @@ def read_texts(cfg: DictConfig) -> Dataset | DatasetDict:
     if cfg.source == "files":
         paths = {split: str(path) for split, path in cfg.files.items() if path}
         if "train" not in paths:
-            raise ValueError(
-                "data=text needs a corpus: data.files.train=<path to a .txt file> (or data.source=hub)"
-            )
+            raise ValueError("data=text needs a corpus: data.files.train=<path to a .txt file> (or data.source=hub)")
         for split, path in paths.items():
             if not Path(path).exists():
                 raise FileNotFoundError(f"data.files.{split}={path!r} does not exist")
@@ -46,9 +44,7 @@ def blocks(rows: Dataset, tokenizer, block_size: int) -> Dataset:
     stream: list[int] = []
     for encoding in tokenizer.encode_batch([text for text in rows["text"] if text.strip()]):
         stream.extend([*encoding.ids, EOS])
-    chunks = [
-        stream[start : start + block_size] for start in range(0, len(stream) - block_size + 1, block_size)
-    ]
+    chunks = [stream[start : start + block_size] for start in range(0, len(stream) - block_size + 1, block_size)]
     return Dataset.from_dict({"src": [[] for _ in chunks], "tgt": chunks})
 
 
@@ -56,9 +52,7 @@ def prepare(cfg: DictConfig):
     texts = read_texts(cfg)
     splits = fixed_splits(texts, cfg)
     tokenizer = train_tokenizer((row["text"] for row in splits["train"]), cfg.vocab_size)
-    return DatasetDict(
-        {name: blocks(rows, tokenizer, cfg.block_size) for name, rows in splits.items()}
-    ), tokenizer
+    return DatasetDict({name: blocks(rows, tokenizer, cfg.block_size) for name, rows in splits.items()}), tokenizer
 
 
 def text_splits(cfg: DictConfig, cache_dir: Path) -> tuple[DatasetDict, Vocabulary]:

@@ -71,9 +71,7 @@ def read_sword_pairs(sword_dir: Path, source_module: str, target_module: str) ->
         # pysword decompresses a whole book for every verse; keep the last few books.
         bible._decompressed_text = functools.lru_cache(maxsize=8)(bible._decompressed_text)
 
-    target_books = {
-        book.osis_name: book for books in target.get_structure().get_books().values() for book in books
-    }
+    target_books = {book.osis_name: book for books in target.get_structure().get_books().values() for book in books}
     pairs = []
     for books in source.get_structure().get_books().values():
         for book in books:
@@ -148,9 +146,7 @@ def fixed_splits(pairs: Dataset | DatasetDict, cfg: DictConfig) -> DatasetDict:
         pairs = pairs["train"]
     held_out = cfg.val_size + cfg.test_size
     if held_out >= len(pairs):
-        raise ValueError(
-            f"data.val_size + data.test_size = {held_out} leaves no training pairs of {len(pairs)}"
-        )
+        raise ValueError(f"data.val_size + data.test_size = {held_out} leaves no training pairs of {len(pairs)}")
     shuffled = pairs.shuffle(seed=cfg.split_seed)
     return DatasetDict(
         {

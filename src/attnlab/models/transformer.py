@@ -154,17 +154,11 @@ class Transformer(nn.Module):
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         return self.encoder(self.embed(src), mask=src_mask)
 
-    def decode(
-        self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None
-    ):
-        hidden = self.decoder(
-            self.embed(tgt), mask=tgt_mask, causal=True, memory=memory, memory_mask=src_mask
-        )
+    def decode(self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None):
+        hidden = self.decoder(self.embed(tgt), mask=tgt_mask, causal=True, memory=memory, memory_mask=src_mask)
         return self.head(hidden)
 
-    def forward(
-        self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None
-    ):
+    def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None, tgt_mask: Tensor | None = None):
         """src: (B, m), tgt: (B, n) token ids (tgt starts with BOS); returns (B, n, vocab) logits."""
         return self.decode(tgt, self.encode(src, src_mask), src_mask, tgt_mask)
 

@@ -64,9 +64,7 @@ class GradientProbe(Probe):
         norms = grad_norm(pl_module.model, norm_type=2)
         total = norms.pop("grad_2.0_norm_total")
         weights = {
-            name
-            for name, module in pl_module.model.named_modules()
-            if isinstance(module, (nn.Linear, nn.Embedding))
+            name for name, module in pl_module.model.named_modules() if isinstance(module, (nn.Linear, nn.Embedding))
         }
         metrics = {"grad/global_norm": total}
         for key, value in norms.items():

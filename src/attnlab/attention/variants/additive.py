@@ -25,9 +25,7 @@ class AdditiveScore(Score):
         self.w_q = nn.Parameter(torch.empty(n_heads, d_k, d_attn).uniform_(-bound, bound))
         self.w_k = nn.Parameter(torch.empty(n_heads, d_k, d_attn).uniform_(-bound, bound))
         self.bias = nn.Parameter(torch.zeros(n_heads, 1, d_attn))
-        self.v = nn.Parameter(
-            torch.empty(n_heads, d_attn, 1).uniform_(-1 / math.sqrt(d_attn), 1 / math.sqrt(d_attn))
-        )
+        self.v = nn.Parameter(torch.empty(n_heads, d_attn, 1).uniform_(-1 / math.sqrt(d_attn), 1 / math.sqrt(d_attn)))
 
     def forward(self, q, k):
         # q: (..., h, n, d_k), k: (..., h, m, d_k); one set of weights per head.
