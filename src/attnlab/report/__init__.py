@@ -1,0 +1,169 @@
+"""`attnlab-report PATH [PATH ...]`: tables and figures that compare runs.
+
+    attnlab-report multirun/scale_quick/2026-12-01_09-30-00          # a sweep
+    attnlab-report outputs/default/run_a outputs/default/run_b        # runs side by side
+    attnlab-report --wandb ENTITY/PROJECT --group scale_quick-2026-…  # the same from W&B (online)
+
+It finds the runs, works out which config keys vary, aggregates over seeds (mean ± std,
+n) and writes ``report.md`` plus PNG figures into ``--out`` (default: ``<first
+PATH>/report``). Failed, unfinished and missing runs are listed, never dropped silently.
+Python: ``load(paths)`` gives the runs and groups the notebooks plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnlab.report.figures import all_figures
+from attnlab.report.runs import (
+    Group,
+    ReportError,
+    Run,
+    d_k_of,
+    find_runs,
+    group_runs,
+    load_wandb_runs,
+    varying_keys,
+)
+
+# Vaswani et al. 2017, Table 3 (newstest2013 dev, EN→DE, base model, 100K steps): (h, d_k, d_v) → (PPL, BLEU).
+VASWANI_TABLE_3 = {
+    (8, 64, 64): ("base", 4.92, 25.8),
+    (1, 512, 512): ("(A)", 5.29, 24.9),
+    (4, 128, 128): ("(A)", 5.00, 25.5),
+    (16, 32, 32): ("(A)", 4.91, 25.8),
+    (32, 16, 16): ("(A)", 5.01, 25.4),
+    (8, 16, 64): ("(B)", 5.16, 25.1),
+    (8, 32, 64): ("(B)", 5.01, 25.4),
+}
+COLUMNS = [("val/loss", "val/loss"), ("val/ppl", "val/ppl"), ("val/acc", "val/acc"), ("val/seq_acc", "val/seq_acc"),
+           ("val/bleu", "val/bleu"), ("test/loss", "test/loss")]  # fmt: skip
+
+
+@dataclass
+class Report:
+    runs: list[Run]
+    axes: list[str]
+    groups: list[Group]
+
+
+def load(paths: list[str | Path]) -> Report:
+    runs = find_runs(paths)
+    axes = varying_keys(runs)
+    return Report(runs, axes, group_runs(runs, axes))
+
+
+def cell(stats, digits=3) -> str:
+    if stats is None:
+        return "–"
+    mean, std, n = stats
+    return f"{mean:.{digits}f} ± {std:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
+
+
+def final_metrics_table(report: Report) -> list[str]:
+    present = set().union(*(run.metric_names() for run in report.runs))
+    columns = [(key, title) for key, title in COLUMNS if key in present]
+    settings = [key for key in report.axes if key != "seed"]
+    header = [*settings, "n", *[title for _, title in columns], "steps", "wall (s)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for group in report.groups:
+        steps = sorted({run.steps_trained for run in group.runs})
+        walls = [run.wall_s for run in group.runs if run.wall_s is not None]
+        wall = f"{sum(walls) / len(walls):.0f}" if walls else "–"
+        values = [str(group.settings[key]) for key in settings]
+        values += [str(len(group.runs)), *[cell(group.mean_std(key)) for key, _ in columns]]
+        values += ["/".join(map(str, steps)), wall]
+        lines.append("| " + " | ".join(values) + " |")
+    return lines
+
+
+def vaswani_table(report: Report) -> list[str]:
+    """Our heads / d_k sweep in the layout of Vaswani et al. Table 3, the paper's numbers beside."""
+    if not {"model.n_heads", "model.d_k", "model.d_v"} & set(report.axes):
+        return []
+    lines = [
+        "## In the layout of Vaswani et al. 2017, Table 3",
+        "",
+        "**Different setting**: the paper trains the base model on WMT14 EN→DE for 100K steps and "
+        "reports newstest2013 dev perplexity (per word piece) and BLEU; ours is the scaled-down "
+        "configuration of these runs. Compare directions, not values.",
+        "",
+        "| h | d_k | d_v | n | our val/ppl | our val/bleu | paper row | paper PPL | paper BLEU |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for group in report.groups:
+        config = group.runs[0].config
+        heads, d_k = config["model.n_heads"], d_k_of(config)
+        d_v = config.get("model.d_v") or d_k
+        row, ppl, bleu = VASWANI_TABLE_3.get((heads, d_k, d_v), ("–", "–", "–"))
+        lines.append(f"| {heads} | {d_k} | {d_v} | {len(group.runs)} | {cell(group.mean_std('val/ppl'))} | "
+                     f"{cell(group.mean_std('val/bleu'), 1)} | {row} | {ppl} | {bleu} |")  # fmt: skip
+    return [*lines, ""]
+
+
+def write_report(report: Report, out: Path, sources: list[str]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    figures = all_figures(report.groups, out) if report.groups else []
+    problems = [run for run in report.runs if run.status != "finished"]
+    lines = [
+        "# attnlab report",
+        "",
+        f"Runs from: {', '.join(sources)}",
+        f"{len(report.runs)} runs, {len(report.runs) - len(problems)} finished; "
+        f"varying: {', '.join(f'`{key}`' for key in report.axes) or 'nothing'}; "
+        "values are the last logged, mean ± std over seeds (n = finished runs).",
+        "",
+        "## Final metrics",
+        "",
+        *final_metrics_table(report),
+        "",
+        *vaswani_table(report),
+        "## Failed, unfinished or missing runs",
+        "",
+        *([f"- **{run.status}**: `{run.name}` — {run.problem}" for run in problems] or ["None."]),
+        "",
+        "## Figures",
+        "",
+        *[f"![{path.stem}]({path.name})" for path in figures],
+        "",
+    ]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="attnlab-report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("paths", nargs="*", help="run dirs and/or sweep (multirun) dirs")
+    parser.add_argument("--out", help="output dir (default: <first PATH>/report)")
+    parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read the runs from W&B instead (online)")
+    parser.add_argument("--group", help="with --wandb: only runs of this W&B group (a sweep)")
+    args = parser.parse_args(argv)
+    try:
+        if args.wandb:
+            runs = load_wandb_runs(args.wandb, args.group)
+            axes = varying_keys(runs)
+            report, sources = Report(runs, axes, group_runs(runs, axes)), [args.wandb]
+            out = Path(args.out or f"report-{args.wandb.replace('/', '-')}")
+        else:
+            if not args.paths:
+                parser.error("give at least one run or sweep dir (or --wandb ENTITY/PROJECT)")
+            report, sources = load(args.paths), args.paths
+            out = Path(args.out) if args.out else Path(args.paths[0]) / "report"
+    except ReportError as error:
+        print(f"attnlab-report: {error}", file=sys.stderr)
+        return 2
+    path = write_report(report, out, sources)
+    print(f"report: {path}")
+    return 0
+
+
+__all__ = ["VASWANI_TABLE_3", "Report", "cli", "load", "main", "write_report"]
+
+
+def cli() -> None:
+    sys.exit(main())

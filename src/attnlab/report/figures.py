@@ -1,0 +1,183 @@
+"""Figures of a set of runs: one colour per configuration throughout, seeds as a shaded band."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display needed
+import matplotlib.pyplot as plt
+import numpy as np
+
+from attnlab.report.runs import Group, d_k_of
+
+COLOURS = plt.get_cmap("tab10").colors
+LEGEND_RIGHT = 0.8  # room for the figure legend
+LAYER = re.compile(r"^attn/entropy/(?P<layer>[^/]+?)$")
+
+
+def colour_of(groups: list[Group]) -> dict[str, tuple]:
+    return {group.label: COLOURS[i % len(COLOURS)] for i, group in enumerate(groups)}
+
+
+def band(ax, group: Group, key: str, colour, label: str | None = None, style: str = "-") -> bool:
+    """Mean over the group's seeds at the steps they share, ± one std shaded."""
+    curves = [run.series(key) for run in group.runs]
+    curves = [c for c in curves if c[0]]
+    if not curves:
+        return False
+    steps = sorted(set.intersection(*(set(c[0]) for c in curves)))
+    if not steps:
+        return False
+    values = np.array([[dict(zip(*c, strict=True))[s] for s in steps] for c in curves])
+    mean, std = values.mean(axis=0), values.std(axis=0)
+    ax.plot(steps, mean, style, color=colour, label=label, lw=1.6)
+    if len(curves) > 1:
+        ax.fill_between(steps, mean - std, mean + std, color=colour, alpha=0.2, lw=0)
+    return True
+
+
+def layers_of(groups: list[Group]) -> list[str]:
+    keys = set().union(*(run.metric_names() for group in groups for run in group.runs))
+    layers = {m["layer"] for key in keys if (m := LAYER.match(key)) and not re.search(r"\.H\d+$", m["layer"])}
+    return sorted(layers, key=lambda name: (name.split(".L")[0], int(name.rsplit("L", 1)[1])))
+
+
+def legend_right(fig, axes) -> None:
+    """One legend for the whole figure, outside the panels on the right."""
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
+
+
+def loss_curves(groups: list[Group], out: Path) -> Path:
+    colours = colour_of(groups)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), squeeze=False)
+    for ax, key, title in zip(axes[0], ("train/loss", "val/loss"), ("training loss", "validation loss"), strict=True):
+        for group in groups:
+            band(ax, group, key, colours[group.label], group.label)
+        ax.set(title=title, xlabel="step", ylabel="cross-entropy (nats/token)")
+        ax.grid(alpha=0.3)
+    legend_right(fig, axes)
+    return save(fig, out / "loss.png", right=LEGEND_RIGHT)
+
+
+def per_layer(groups: list[Group], family: str, title: str, ylabel: str, out: Path, log: bool = False, extra=None):
+    """One panel per attention layer; ``extra`` = (family, style) drawn dashed beside it."""
+    layers = layers_of(groups)
+    if not layers:
+        return None
+    colours = colour_of(groups)
+    columns = min(3, len(layers))
+    rows = -(-len(layers) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns + 2.6, 3.3 * rows + 0.6), squeeze=False, sharey=True)
+    drawn = False
+    for ax, layer in zip(axes.flat, layers, strict=False):
+        for group in groups:
+            drawn |= band(ax, group, f"{family}/{layer}", colours[group.label], group.label)
+            if extra:
+                band(ax, group, f"{extra[0]}/{layer}", colours[group.label], None, extra[1])
+        ax.set(title=layer, xlabel="step", ylabel=ylabel)
+        if log:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
+    for ax in axes.flat[len(layers) :]:
+        ax.axis("off")
+    if not drawn:
+        plt.close(fig)
+        return None
+    fig.suptitle(title)
+    legend_right(fig, axes)
+    return save(fig, out / f"{family.replace('/', '_')}.png", right=LEGEND_RIGHT)
+
+
+def temperature(groups: list[Group], out: Path):
+    """The learned τ of each layer (mean over heads), for the configurations that learn it."""
+    layers = layers_of(groups)
+    colours = colour_of(groups)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    drawn = False
+    styles = ["-", "--", ":", "-."]
+    for group in groups:
+        for index, layer in enumerate(layers):
+            heads = sorted({k for run in group.runs for k in run.metric_names() if k.startswith(f"attn/tau/{layer}.H")})
+            if not heads:
+                continue
+            curves = [[run.series(key) for key in heads] for run in group.runs]
+            steps = curves[0][0][0]
+            mean_over_heads = np.mean([[np.mean([c[1][i] for c in run_curves]) for i in range(len(steps))]
+                                       for run_curves in curves], axis=0)  # fmt: skip
+            label = f"{group.label} · {layer}" if len(groups) > 1 else layer
+            ax.plot(steps, mean_over_heads, styles[index % 4], color=colours[group.label], label=label)
+            drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set(title="learned temperature τ (mean over heads)", xlabel="step", ylabel="τ")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    return save(fig, out / "tau.png")
+
+
+def at_init(groups: list[Group], out: Path):
+    """Entropy and the gradient at the logits at step 0, against d_k, one line per scale rule."""
+    layers = layers_of(groups)
+    if not layers:
+        return None
+    by_rule: dict[str, dict[int, list[tuple[float, float, float]]]] = {}
+    for group in groups:
+        for run in group.runs:
+            entropy = [run.at_step(f"attn/entropy/{layer}", 0.0) for layer in layers]
+            grads = [run.at_step(f"grad/logits_row_median/{layer}", 0.0) for layer in layers]
+            if None in entropy or None in grads:
+                continue
+            rule = str(run.config.get("attention.scale"))
+            by_rule.setdefault(rule, {}).setdefault(d_k_of(run.config), []).append((np.mean(entropy), np.mean(grads)))
+    if not by_rule:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for index, (rule, points) in enumerate(sorted(by_rule.items())):
+        d_ks = sorted(points)
+        for ax, column in zip(axes, (0, 1), strict=True):
+            means = [np.mean([p[column] for p in points[d]]) for d in d_ks]
+            ax.plot(d_ks, means, "o-", color=COLOURS[index % len(COLOURS)], label=f"scale={rule}")
+    axes[0].set(title="attention entropy at initialisation", xlabel="d_k", ylabel="nats (mean over layers)")
+    axes[1].set(title="gradient at the logits at initialisation", xlabel="d_k",
+                ylabel="median row ‖∂loss/∂logits‖")  # fmt: skip
+    axes[1].set_yscale("log")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    return save(fig, out / "init_vs_dk.png")
+
+
+def save(fig, path: Path, right: float | None = None) -> Path:
+    fig.tight_layout()
+    if right:
+        fig.subplots_adjust(right=right)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def all_figures(groups: list[Group], out: Path) -> list[Path]:
+    figures = [
+        loss_curves(groups, out),
+        per_layer(groups, "attn/entropy", "attention entropy per layer", "nats", out),
+        per_layer(
+            groups,
+            "grad/logits",
+            "gradient at the logits: RMS (solid) and median row norm (dashed)",
+            "∂loss/∂logits",
+            out,
+            log=True,
+            extra=("grad/logits_row_median", "--"),
+        ),
+        per_layer(groups, "grad/softmax_jac", "softmax Jacobian Σ a(1−a), mean over rows", "Σ a(1−a)", out, log=True),
+        temperature(groups, out),
+        at_init(groups, out),
+    ]
+    return [path for path in figures if path is not None]

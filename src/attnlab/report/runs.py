@@ -1,0 +1,192 @@
+"""Finding runs on disk (or in W&B), working out what varies, and aggregating over seeds."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from attnlab.runs import read_config, read_metrics, series
+
+# Config keys that differ between runs without being part of the experiment.
+NOT_COMPARED = ("run_dir", "cache_dir", "resume", "logger.", "trainer.enable_progress_bar", "data.sword_dir")
+
+
+class ReportError(ValueError):
+    """A path with no runs, or runs that cannot be read; the message says which and why."""
+
+
+@dataclass
+class Run:
+    name: str  # a path, or a W&B run id
+    config: dict  # flattened: {"attention.scale": "none", ...}
+    rows: list[dict] = field(default_factory=list)  # metric rows, each with "step"
+    status: str = "finished"  # finished | unfinished | failed | missing
+    problem: str = ""
+    wall_s: float | None = None
+
+    def series(self, key: str) -> tuple[list[float], list[float]]:
+        return series(self.rows, key)
+
+    def last(self, key: str) -> float | None:
+        values = self.series(key)[1]
+        return values[-1] if values else None
+
+    def at_step(self, key: str, step: float) -> float | None:
+        steps, values = self.series(key)
+        return values[steps.index(step)] if step in steps else None
+
+    @property
+    def steps_trained(self) -> int:
+        steps = self.series("train/loss")[0]
+        return int(steps[-1]) + 1 if steps else 0
+
+    def metric_names(self) -> set[str]:
+        return set().union(*self.rows) if self.rows else set()
+
+
+def flatten(config: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def d_k_of(config: dict) -> int:
+    """The key size a run used: model.d_k, or d_model / n_heads when derived."""
+    return config.get("model.d_k") or config["model.d_model"] // config["model.n_heads"]
+
+
+def load_run(run_dir: Path) -> Run:
+    config = flatten(read_config(run_dir))
+    rows = read_metrics(run_dir)
+    run = Run(name=str(run_dir), config=config, rows=rows)
+    metrics_files = sorted((run_dir / "csv").glob("version_*/metrics.csv"))
+    if metrics_files:
+        run.wall_s = max(path.stat().st_mtime for path in metrics_files) - (run_dir / "config.yaml").stat().st_mtime
+    last_step = max((row["step"] for row in rows), default=None)
+    if not rows:
+        run.status, run.problem = "failed", "no metrics were written (csv/version_*/metrics.csv missing or empty)"
+    elif not run.series("val/loss")[1]:
+        run.status, run.problem = "failed", f"no val/loss logged (last step {last_step:.0f})"
+    elif last_step + 1 < config.get("trainer.max_steps", 0):
+        run.status, run.problem = "unfinished", f"stopped at step {last_step + 1:.0f} of {config['trainer.max_steps']}"
+    return run
+
+
+def expected_jobs(sweep_dir: Path) -> int | None:
+    """How many jobs a Hydra multirun launched, from its multirun.yaml (Hydra's own parser)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    multirun = sweep_dir / "multirun.yaml"
+    if not multirun.exists():
+        return None
+    hydra_cfg = OmegaConf.load(multirun).hydra
+    overrides = list(hydra_cfg.overrides.task)
+    params = hydra_cfg.sweeper.get("params") or {}
+    overrides += [f"{key}={value}" for key, value in params.items()]
+    sweeps = [o for o in OverridesParser.create().parse_overrides(overrides) if o.is_sweep_override()]
+    return math.prod(len(list(o.sweep_string_iterator())) for o in sweeps) if sweeps else 1
+
+
+def find_runs(paths: list[str | Path]) -> list[Run]:
+    """Every run under the given run dirs / sweep dirs; jobs a sweep lost are listed as missing."""
+    runs = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise ReportError(f"{path} does not exist; give a run dir (with config.yaml) or a sweep dir")
+        run_dirs = [path] if (path / "config.yaml").exists() else sorted(p.parent for p in path.rglob("config.yaml"))
+        run_dirs = [d for d in run_dirs if ".hydra" not in d.parts]
+        for sweep in {path, *(d.parent for d in run_dirs)}:
+            if (count := expected_jobs(sweep)) is not None:
+                present = {d.name for d in run_dirs if d.parent == sweep}
+                for job in map(str, range(count)):
+                    if job not in present:
+                        gone = not (sweep / job).exists()
+                        reason = "its run dir is gone" if gone else "no config.yaml in its run dir"
+                        runs.append(Run(name=str(sweep / job), config={}, status="missing", problem=reason))
+        if not run_dirs and not runs:
+            raise ReportError(f"no runs under {path}: no config.yaml found (is it an attnlab-train output dir?)")
+        runs.extend(load_run(d) for d in run_dirs)
+    if not any(run.status != "missing" for run in runs):
+        raise ReportError(f"no readable runs under {', '.join(map(str, paths))}")
+    return runs
+
+
+def load_wandb_runs(project: str, group: str | None = None) -> list[Run]:
+    """The same runs through the W&B public API (needs the network and a login)."""
+    import wandb
+
+    api = wandb.Api()
+    filters = {"group": group} if group else {}
+    runs = []
+    for remote in api.runs(project, filters=filters):
+        config = {key: value for key, value in remote.config.items() if not key.startswith("_")}
+        rows = [
+            {"step": row["trainer/global_step"], **{k: v for k, v in row.items() if isinstance(v, int | float)}}
+            for row in remote.scan_history()
+            if row.get("trainer/global_step") is not None
+        ]
+        run = Run(name=f"{project}/{remote.id}", config=config, rows=rows, wall_s=remote.summary.get("_runtime"))
+        if remote.state != "finished":
+            run.status = "failed" if remote.state in ("failed", "crashed") else "unfinished"
+            run.problem = f"W&B state {remote.state}"
+        runs.append(run)
+    if not runs:
+        raise ReportError(f"no W&B runs in {project}" + (f" with group {group!r}" if group else ""))
+    return runs
+
+
+def varying_keys(runs: list[Run]) -> list[str]:
+    """Config keys whose values differ between the runs (the experiment's axes)."""
+    readable = [run for run in runs if run.config]
+    keys = sorted(set().union(*(run.config for run in readable)))
+    varying = [
+        key
+        for key in keys
+        if not key.startswith(NOT_COMPARED) and len({repr(run.config.get(key)) for run in readable}) > 1
+    ]
+    return varying
+
+
+@dataclass
+class Group:
+    """The runs of one configuration, over seeds."""
+
+    label: str
+    settings: dict
+    runs: list[Run]
+
+    def values(self, key: str, at_step: float | None = None) -> list[float]:
+        found = [run.last(key) if at_step is None else run.at_step(key, at_step) for run in self.runs]
+        return [value for value in found if value is not None and not math.isnan(value)]
+
+    def mean_std(self, key: str, at_step: float | None = None) -> tuple[float, float, int] | None:
+        values = self.values(key, at_step)
+        if not values:
+            return None
+        return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0, len(values)
+
+
+def group_runs(runs: list[Run], axes: list[str]) -> list[Group]:
+    """Finished runs grouped by every varying key but the seed."""
+    by_setting = [key for key in axes if key != "seed"]
+    finished = [run for run in runs if run.status == "finished"]
+
+    def setting(run):
+        return tuple(run.config.get(key) for key in by_setting)
+
+    groups = []
+    for values, members in itertools.groupby(sorted(finished, key=lambda r: repr(setting(r))), key=setting):
+        settings = dict(zip(by_setting, values, strict=True))
+        # short labels for legends: the last part of each key (scale=none, n_heads=8)
+        label = ", ".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in settings.items()) or "all runs"
+        groups.append(Group(label, settings, list(members)))
+    return groups
