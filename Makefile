@@ -29,8 +29,11 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# The main job: the four scale rules on the quick synthetic task, then their report.
 demo: install
-	$(VENV)/bin/attnlab-train
+	sweep=multirun/scale_quick/$$(date +%Y-%m-%d_%H-%M-%S) && \
+	$(VENV)/bin/attnlab-train -m experiment=scale_quick hydra.sweep.dir=$$sweep && \
+	$(VENV)/bin/attnlab-report $$sweep
 
 test: install
 	$(VENV)/bin/ruff check src tests benchmarks

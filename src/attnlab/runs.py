@@ -9,6 +9,17 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 
+def flatten(config: dict, prefix: str = "") -> dict:
+    """{"attention": {"scale": "none"}} → {"attention.scale": "none"} (as W&B shows config keys)."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def read_config(run_dir: str | Path) -> dict:
     return OmegaConf.to_container(OmegaConf.load(Path(run_dir) / "config.yaml"))
 

@@ -27,6 +27,7 @@ from attnlab.config import ConfigError, validate
 from attnlab.data import DATASETS, build_data
 from attnlab.distributed import Workers
 from attnlab.probes import build_probes
+from attnlab.runs import flatten
 from attnlab.task import SequenceTask
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
@@ -114,16 +115,6 @@ def finish_wandb(exit_code: int) -> None:
 
     if wandb.run is not None:
         wandb.run.finish(exit_code=exit_code)
-
-
-def flatten(config: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:

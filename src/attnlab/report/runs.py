@@ -10,7 +10,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from attnlab.runs import read_config, read_metrics, series
+from attnlab.runs import flatten, read_config, read_metrics, series
 
 # Config keys that differ between runs without being part of the experiment.
 NOT_COMPARED = ("run_dir", "cache_dir", "resume", "logger.", "trainer.enable_progress_bar", "data.sword_dir")
@@ -47,16 +47,6 @@ class Run:
 
     def metric_names(self) -> set[str]:
         return set().union(*self.rows) if self.rows else set()
-
-
-def flatten(config: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def d_k_of(config: dict) -> int:
