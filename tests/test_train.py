@@ -236,3 +236,12 @@ def test_joblib_launcher_runs_jobs_in_parallel_processes(tmp_path):
     assert [read_config(job)["attention"]["scale"] for job in jobs] == ["none", "dk"]
     assert all(read_metrics(job) for job in jobs)
     assert "joblib" in (tmp_path / "multirun.yaml").read_text()
+
+
+def test_a_diverging_run_stops_with_the_cause_and_keeps_what_it_wrote(tmp_path):
+    with pytest.raises(FloatingPointError, match=r"diverged.*optim.lr"):
+        run_train(tmp_path, "optim.lr=1e30", "optim.warmup_steps=1", "trainer.gradient_clip_val=null",
+                  "trainer.max_steps=30", "logger=wandb")  # fmt: skip
+    assert (tmp_path / "config.yaml").exists() and read_metrics(tmp_path)
+    (run_file,) = wandb_run_files(tmp_path)
+    assert [row["train/loss"] for row in wandb_records.history(run_file) if "train/loss" in row]
