@@ -111,3 +111,15 @@ def test_learned_tau_norms_biases_and_embeddings_are_not_decayed():
     assert id(model.embed.tokens.weight) in no_decay_ids
     total = len(decay["params"]) + len(no_decay["params"])
     assert total == len(list(model.parameters()))  # each parameter once, tied ones included
+
+
+def test_step_flops_count_every_matmul_and_attention_pair():
+    from attnlab.perf import step_flops
+
+    cfg = tiny(d_model=32, n_heads=4, d_ff=64, n_layers=1, vocab_size=16)
+    model = DecoderLM(cfg)
+    # per block: q, k, v, o (32×32 each) + FFN (32×64, 64×32); the tied head 32×16
+    weights = 4 * 32 * 32 + 2 * 32 * 64 + 32 * 16
+    tokens, pairs = 2 * 10, 2 * 10 * 10
+    expected = 6 * weights * tokens + 6 * 4 * (8 + 8) * pairs
+    assert step_flops(model, tokens, {"L0": pairs}) == expected

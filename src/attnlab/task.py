@@ -2,7 +2,7 @@
 
 Adam(W) with the inverse-square-root warm-up of Vaswani et al. §5.3 (or cosine, or a
 constant), label smoothing (§5.4), gradient clipping by the Trainer. Logs train/loss,
-lr, perf/tokens_per_s, and val/loss, val/ppl, val/acc (token accuracy), val/seq_acc
+lr, perf/tokens_per_s (perf/mfu on GPUs of known peak), and val/loss, val/ppl, val/acc (token accuracy), val/seq_acc
 (whole target right) and, for translation, val/bleu on greedy decodes (sacrebleu).
 """
 
@@ -19,8 +19,9 @@ from torchmetrics import MeanMetric
 
 from attnlab.attention import AttentionConfig
 from attnlab.data.module import IGNORE, Vocabulary
-from attnlab.models import DecoderLM, ModelConfig, Transformer, sequence_loss
+from attnlab.models import DecoderLM, ModelConfig, Transformer, attention_layers, sequence_loss
 from attnlab.optim import param_groups
+from attnlab.perf import peak_flops, step_flops
 
 MODELS = {"transformer": Transformer, "lm": DecoderLM}
 
@@ -64,6 +65,7 @@ class SequenceTask(L.LightningModule):
         self.hypotheses: list[str] = []
         self.references: list[str] = []
         self.step_started: float | None = None
+        self.peak_flops: float | None = None
 
     # --- forward and loss ----------------------------------------------------------
 
@@ -94,12 +96,31 @@ class SequenceTask(L.LightningModule):
         torch.manual_seed((seed * 1_000_003 + self.global_step) * 64 + self.global_rank)
         self.step_started = time.perf_counter()
 
+    def on_train_start(self) -> None:
+        self.peak_flops = peak_flops(self.device, self.trainer.precision)  # None off known GPUs
+
     def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
         elapsed = time.perf_counter() - self.step_started
         tokens = (
             batch["src_mask"].sum() + batch["tgt_mask"].sum() if self.kind == "transformer" else batch["mask"].sum()
         )
         self.log("perf/tokens_per_s", tokens.item() * self.trainer.world_size / elapsed)
+        if self.peak_flops:
+            self.log("perf/mfu", self.step_flops(batch) / elapsed / self.peak_flops)
+
+    def step_flops(self, batch: dict) -> float:
+        """FLOPs of this step on the padded shapes (the work the device does)."""
+        if self.kind == "transformer":
+            (size, m), n = batch["src"].shape, batch["tgt_in"].shape[1]
+            pairs = {"enc": size * m * m, "dec.self": size * n * n, "dec.cross": size * n * m}
+            tokens = size * (m + n)
+        else:
+            size, n = batch["tokens"].shape
+            pairs, tokens = {"": size * n * n}, size * n
+        per_layer = {
+            layer.name: pairs[layer.name.rsplit("L", 1)[0].rstrip(".")] for layer in attention_layers(self.model)
+        }
+        return step_flops(self.model, tokens, per_layer)
 
     # --- evaluation -----------------------------------------------------------------
 
