@@ -72,7 +72,7 @@ def final_metrics_table(report: Report) -> list[str]:
     for group in report.groups:
         steps = sorted({run.steps_trained for run in group.runs})
         walls = [run.wall_s for run in group.runs if run.wall_s is not None]
-        wall = f"{sum(walls) / len(walls):.0f}" if walls else "–"
+        wall = f"{sum(walls) / len(walls):.3g}" if walls else "–"
         values = [str(group.settings[key]) for key in settings]
         values += [str(len(group.runs)), *[cell(group.mean_std(key)) for key, _ in columns]]
         values += ["/".join(map(str, steps)), wall]
@@ -91,16 +91,18 @@ def vaswani_table(report: Report) -> list[str]:
         "reports newstest2013 dev perplexity (per word piece) and BLEU; ours is the scaled-down "
         "configuration of these runs. Compare directions, not values.",
         "",
-        "| h | d_k | d_v | n | our val/ppl | our val/bleu | paper row | paper PPL | paper BLEU |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
+    others = [key for key in report.axes if key not in ("seed", "model.n_heads", "model.d_k", "model.d_v")]
+    header = [*others, "h", "d_k", "d_v", "n", "our val/ppl", "our val/bleu", "paper row", "paper PPL", "paper BLEU"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for group in report.groups:
         config = group.runs[0].config
         heads, d_k = config["model.n_heads"], d_k_of(config)
         d_v = config.get("model.d_v") or d_k
         row, ppl, bleu = VASWANI_TABLE_3.get((heads, d_k, d_v), ("–", "–", "–"))
-        lines.append(f"| {heads} | {d_k} | {d_v} | {len(group.runs)} | {cell(group.mean_std('val/ppl'))} | "
-                     f"{cell(group.mean_std('val/bleu'), 1)} | {row} | {ppl} | {bleu} |")  # fmt: skip
+        values = [*(str(group.settings[key]) for key in others), str(heads), str(d_k), str(d_v)]
+        values += [str(len(group.runs)), cell(group.mean_std("val/ppl")), cell(group.mean_std("val/bleu"), 1)]
+        lines.append("| " + " | ".join([*values, row, str(ppl), str(bleu)]) + " |")
     return [*lines, ""]
 
 

@@ -14,7 +14,6 @@ import numpy as np
 from attnlab.report.runs import Group, d_k_of
 
 COLOURS = plt.get_cmap("tab10").colors
-LEGEND_RIGHT = 0.8  # room for the figure legend
 LAYER = re.compile(r"^attn/entropy/(?P<layer>[^/]+?)$")
 
 
@@ -22,8 +21,11 @@ def colour_of(groups: list[Group]) -> dict[str, tuple]:
     return {group.label: COLOURS[i % len(COLOURS)] for i, group in enumerate(groups)}
 
 
-def band(ax, group: Group, key: str, colour, label: str | None = None, style: str = "-") -> bool:
-    """Mean over the group's seeds at the steps they share, ± one std shaded."""
+def band(ax, group: Group, key: str, colour, label: str | None = None, style: str = "-", log: bool = False) -> bool:
+    """Mean over the group's seeds at the steps they share, ± one std shaded.
+
+    With ``log``, the geometric mean and a geometric-std band (the band of a quantity
+    spanning decades stays positive and symmetric on a log axis)."""
     curves = [run.series(key) for run in group.runs]
     curves = [c for c in curves if c[0]]
     if not curves:
@@ -32,17 +34,22 @@ def band(ax, group: Group, key: str, colour, label: str | None = None, style: st
     if not steps:
         return False
     values = np.array([[dict(zip(*c, strict=True))[s] for s in steps] for c in curves])
-    mean, std = values.mean(axis=0), values.std(axis=0)
-    ax.plot(steps, mean, style, color=colour, label=label, lw=1.6)
+    if log:
+        logs = np.log(np.clip(values, 1e-30, None))
+        centre, low, high = (np.exp(logs.mean(0) + k * logs.std(0)) for k in (0, -1, 1))
+    else:
+        centre, low, high = (values.mean(0) + k * values.std(0) for k in (0, -1, 1))
+    ax.plot(steps, centre, style, color=colour, label=label, lw=1.6)
     if len(curves) > 1:
-        ax.fill_between(steps, mean - std, mean + std, color=colour, alpha=0.2, lw=0)
+        ax.fill_between(steps, low, high, color=colour, alpha=0.2, lw=0)
     return True
 
 
 def layers_of(groups: list[Group]) -> list[str]:
     keys = set().union(*(run.metric_names() for group in groups for run in group.runs))
     layers = {m["layer"] for key in keys if (m := LAYER.match(key)) and not re.search(r"\.H\d+$", m["layer"])}
-    return sorted(layers, key=lambda name: (name.split(".L")[0], int(name.rsplit("L", 1)[1])))
+    kinds = {"enc": 0, "dec.self": 1, "dec.cross": 2}  # encoder first, as data flows
+    return sorted(layers, key=lambda name: (int(name.rsplit("L", 1)[1]), kinds.get(name.rsplit(".L", 1)[0], 3)))
 
 
 def legend_right(fig, axes) -> None:
@@ -61,7 +68,7 @@ def loss_curves(groups: list[Group], out: Path) -> Path:
         ax.set(title=title, xlabel="step", ylabel="cross-entropy (nats/token)")
         ax.grid(alpha=0.3)
     legend_right(fig, axes)
-    return save(fig, out / "loss.png", right=LEGEND_RIGHT)
+    return save(fig, out / "loss.png", legend=True)
 
 
 def per_layer(groups: list[Group], family: str, title: str, ylabel: str, out: Path, log: bool = False, extra=None):
@@ -76,9 +83,9 @@ def per_layer(groups: list[Group], family: str, title: str, ylabel: str, out: Pa
     drawn = False
     for ax, layer in zip(axes.flat, layers, strict=False):
         for group in groups:
-            drawn |= band(ax, group, f"{family}/{layer}", colours[group.label], group.label)
+            drawn |= band(ax, group, f"{family}/{layer}", colours[group.label], group.label, log=log)
             if extra:
-                band(ax, group, f"{extra[0]}/{layer}", colours[group.label], None, extra[1])
+                band(ax, group, f"{extra[0]}/{layer}", colours[group.label], None, extra[1], log=log)
         ax.set(title=layer, xlabel="step", ylabel=ylabel)
         if log:
             ax.set_yscale("log")
@@ -90,7 +97,7 @@ def per_layer(groups: list[Group], family: str, title: str, ylabel: str, out: Pa
         return None
     fig.suptitle(title)
     legend_right(fig, axes)
-    return save(fig, out / f"{family.replace('/', '_')}.png", right=LEGEND_RIGHT)
+    return save(fig, out / f"{family.replace('/', '_')}.png", legend=True)
 
 
 def temperature(groups: list[Group], out: Path):
@@ -138,26 +145,30 @@ def at_init(groups: list[Group], out: Path):
     if not by_rule:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    all_d_k = sorted({d for points in by_rule.values() for d in points})
     for index, (rule, points) in enumerate(sorted(by_rule.items())):
         d_ks = sorted(points)
         for ax, column in zip(axes, (0, 1), strict=True):
             means = [np.mean([p[column] for p in points[d]]) for d in d_ks]
-            ax.plot(d_ks, means, "o-", color=COLOURS[index % len(COLOURS)], label=f"scale={rule}")
+            # shrinking markers: rules that start alike (sqrt_dk and learned) stay visible
+            ax.plot(d_ks, means, "o-", ms=11 - 2 * index, color=COLOURS[index % len(COLOURS)], label=f"scale={rule}")
     axes[0].set(title="attention entropy at initialisation", xlabel="d_k", ylabel="nats (mean over layers)")
     axes[1].set(title="gradient at the logits at initialisation", xlabel="d_k",
                 ylabel="median row ‖∂loss/∂logits‖")  # fmt: skip
     axes[1].set_yscale("log")
     for ax in axes:
         ax.set_xscale("log", base=2)
+        ax.set_xticks(all_d_k, [str(d) for d in all_d_k])
+        ax.minorticks_off()
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     return save(fig, out / "init_vs_dk.png")
 
 
-def save(fig, path: Path, right: float | None = None) -> Path:
+def save(fig, path: Path, legend: bool = False) -> Path:
     fig.tight_layout()
-    if right:
-        fig.subplots_adjust(right=right)
+    if legend:  # keep about 1.8 inches on the right for the figure legend
+        fig.subplots_adjust(right=1 - 1.8 / fig.get_figwidth())
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

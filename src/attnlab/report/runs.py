@@ -42,8 +42,9 @@ class Run:
 
     @property
     def steps_trained(self) -> int:
-        steps = self.series("train/loss")[0]
-        return int(steps[-1]) + 1 if steps else 0
+        """Optimizer steps done: rows are logged at (global step − 1); test rows excluded."""
+        steps = [row["step"] for row in self.rows if not any(key.startswith("test/") for key in row)]
+        return int(max(steps)) + 1 if steps else 0
 
     def metric_names(self) -> set[str]:
         return set().union(*self.rows) if self.rows else set()
@@ -173,8 +174,11 @@ def group_runs(runs: list[Run], axes: list[str]) -> list[Group]:
     def setting(run):
         return tuple(run.config.get(key) for key in by_setting)
 
+    def order(run):  # numbers in numeric order (8 < 16 < 128), then everything else by text
+        return tuple((0, value, "") if isinstance(value, int | float) else (1, 0, str(value)) for value in setting(run))
+
     groups = []
-    for values, members in itertools.groupby(sorted(finished, key=lambda r: repr(setting(r))), key=setting):
+    for values, members in itertools.groupby(sorted(finished, key=order), key=setting):
         settings = dict(zip(by_setting, values, strict=True))
         # short labels for legends: the last part of each key (scale=none, n_heads=8)
         label = ", ".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in settings.items()) or "all runs"
