@@ -47,6 +47,7 @@ def test_batches_for_both_model_kinds():
     assert seq2seq["src_mask"].tolist() == [[True] * 3, [True, False, False]]
     assert seq2seq["tgt_in"].tolist() == [[BOS, 8, 9], [BOS, 4, 0]]
     assert seq2seq["tgt_out"].tolist() == [[8, 9, EOS], [4, EOS, IGNORE]]
+    assert seq2seq["n_tokens"] == (3 + 3) + (1 + 2)  # src + tgt + EOS, unpadded
     lm = collate_lm(examples)
     assert lm["tokens"].tolist() == [[5, 6, 7, SEP, 8, 9], [5, SEP, 4, 0, 0, 0]]
     assert lm["targets"].tolist() == [
@@ -54,6 +55,7 @@ def test_batches_for_both_model_kinds():
         [IGNORE, 4, EOS, IGNORE, IGNORE, IGNORE],
     ]
     assert lm["mask"].sum(1).tolist() == [6, 3]
+    assert lm["n_tokens"] == 9
 
 
 def test_stream_sampler_is_a_pure_function_of_seed_and_position():

@@ -5,7 +5,8 @@ Batches come in the layout the model needs:
 * encoder–decoder: ``src`` (B, m) + ``src_mask``; ``tgt_in`` = BOS + tgt, ``tgt_out`` =
   tgt + EOS (padding = -100, ignored by the loss) + ``tgt_mask``;
 * decoder-only LM: ``tokens`` = src + SEP + tgt (BOS + tgt when src is empty), ``targets``
-  the next token where it is part of tgt + EOS, -100 elsewhere; ``mask``.
+  the next token where it is part of tgt + EOS, -100 elsewhere; ``mask``;
+* both: ``n_tokens``, the number of real (unpadded) tokens, as a Python int.
 
 Training batches come from an endless, deterministic stream: batch b is a slice of the
 permutation seeded by (seed, b // batches_per_pass). A resumed run starts the stream at
@@ -42,7 +43,7 @@ def pad(rows: list[list[int]], value: int) -> torch.Tensor:
     return torch.tensor([row + [value] * (width - len(row)) for row in rows], dtype=torch.long)
 
 
-def collate_seq2seq(examples: list[dict]) -> dict[str, torch.Tensor]:
+def collate_seq2seq(examples: list[dict]) -> dict:
     src = pad([ex["src"] for ex in examples], PAD)
     tgt_in = pad([[BOS, *ex["tgt"]] for ex in examples], PAD)
     tgt_out = pad([[*ex["tgt"], EOS] for ex in examples], IGNORE)
@@ -52,10 +53,11 @@ def collate_seq2seq(examples: list[dict]) -> dict[str, torch.Tensor]:
         "tgt_in": tgt_in,
         "tgt_out": tgt_out,
         "tgt_mask": tgt_out != IGNORE,
+        "n_tokens": sum(len(ex["src"]) + len(ex["tgt"]) + 1 for ex in examples),  # real ones, for perf/
     }
 
 
-def collate_lm(examples: list[dict]) -> dict[str, torch.Tensor]:
+def collate_lm(examples: list[dict]) -> dict:
     tokens, targets = [], []
     for ex in examples:
         prefix = [*ex["src"], SEP] if ex["src"] else [BOS]
@@ -64,7 +66,7 @@ def collate_lm(examples: list[dict]) -> dict[str, torch.Tensor]:
     lengths = torch.tensor([len(row) for row in tokens])
     tokens = pad(tokens, PAD)
     mask = torch.arange(tokens.shape[1])[None, :] < lengths[:, None]
-    return {"tokens": tokens, "targets": pad(targets, IGNORE), "mask": mask}
+    return {"tokens": tokens, "targets": pad(targets, IGNORE), "mask": mask, "n_tokens": int(lengths.sum())}
 
 
 COLLATE = {"transformer": collate_seq2seq, "lm": collate_lm}
