@@ -113,6 +113,9 @@ def test_cli_main_job_writes_config_checkpoints_metrics_and_wandb(tmp_path):
     assert train_losses[-1] < train_losses[0]
     config = wandb_records.config(run_file)
     assert config["attention.scale"] == "sqrt_dk" and config["model.n_heads"] == 4
+    step_metrics = {(r.metric.glob_name or r.metric.name, r.metric.step_metric) for r in wandb_records.records(run_file)
+                    if r.WhichOneof("record_type") == "metric"}  # fmt: skip
+    assert ("*", "trainer/global_step") in step_metrics  # define_metric: panels share the step axis
     info = wandb_records.run_info(run_file)
     assert info["group"] == "default" and "default" in info["tags"] and info["job_type"] == "train"
 
