@@ -149,7 +149,7 @@ def test_resume_continues_to_the_same_weights_as_an_uninterrupted_run(tmp_path):
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_train(tmp_path / "resumed", *common, extra_callbacks=(Crash(),))
     assert torch.load(tmp_path / "resumed/checkpoints/last.ckpt", weights_only=False)["global_step"] == 6
-    run_train(tmp_path / "ignored", f"resume={tmp_path / 'resumed'}", "trainer.max_steps=12")
+    run_train(tmp_path / "ignored", f"resume={tmp_path / 'resumed'}", fast=False)  # its own max_steps=12
 
     straight = torch.load(tmp_path / "straight/checkpoints/last.ckpt", weights_only=False)
     resumed = torch.load(tmp_path / "resumed/checkpoints/last.ckpt", weights_only=False)
@@ -159,6 +159,9 @@ def test_resume_continues_to_the_same_weights_as_an_uninterrupted_run(tmp_path):
     # the same W&B run continued: one run id, steps 6..12 appended to it
     ids = {wandb_records.run_info(path)["id"] for path in wandb_run_files(tmp_path / "resumed")}
     assert len(ids) == 1
+    # a max_steps given when resuming extends the run
+    run_train(tmp_path / "ignored", f"resume={tmp_path / 'resumed'}", "trainer.max_steps=14", fast=False)
+    assert torch.load(tmp_path / "resumed/checkpoints/last.ckpt", weights_only=False)["global_step"] == 14
 
 
 def test_resume_of_a_missing_run_says_what_is_missing(tmp_path):

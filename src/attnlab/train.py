@@ -44,7 +44,7 @@ def is_rank_zero() -> bool:
 
 
 def resumed_config(cfg: DictConfig) -> DictConfig:
-    """With resume=DIR, the run's own saved config (only trainer.max_steps may change)."""
+    """With resume=DIR, the run's own saved config; a trainer.max_steps=… given now extends it."""
     run_dir = Path(cfg.resume)
     saved, last = run_dir / "config.yaml", run_dir / "checkpoints" / "last.ckpt"
     for path in (saved, last):
@@ -52,7 +52,9 @@ def resumed_config(cfg: DictConfig) -> DictConfig:
             raise ConfigError(f"resume={cfg.resume!r}: {path} does not exist; point resume at a run dir")
     resumed = OmegaConf.load(saved)
     resumed.resume = str(run_dir)
-    resumed.trainer.max_steps = cfg.trainer.max_steps
+    given = {override.split("=", 1)[0].lstrip("+~") for override in HydraConfig.get().overrides.task}
+    if "trainer.max_steps" in given:
+        resumed.trainer.max_steps = cfg.trainer.max_steps
     return resumed
 
 
