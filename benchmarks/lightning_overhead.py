@@ -98,12 +98,17 @@ def lightning_loop(config: dict, cfg, steps: int, callbacks: tuple = ()) -> floa
     return clock.seconds
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(doc: str, rounds: int) -> argparse.Namespace:
+    """--steps, --rounds and Hydra overrides: what every training benchmark here takes."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("overrides", nargs="*", help="hydra overrides, e.g. data=reverse model.d_model=128")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args(__doc__, rounds=4)
     config, cfg = load_config(args.overrides)
 
     loops = {"plain": plain_loop, "lightning": lightning_loop}

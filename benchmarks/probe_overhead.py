@@ -9,21 +9,16 @@ default interval costs <= 5% against probes off.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
 import torch
 
 from attnlab.probes import build_probes
-from lightning_overhead import WARMUP, lightning_loop, load_config
+from lightning_overhead import WARMUP, lightning_loop, load_config, parse_args
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("overrides", nargs="*", help="hydra overrides, e.g. model=lm attention.scale=learned")
-    args = parser.parse_args()
+    args = parse_args(__doc__, rounds=3)
     config, cfg = load_config(args.overrides)
     default_every = cfg.callbacks.probes.every_n_steps
 

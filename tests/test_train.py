@@ -123,18 +123,6 @@ def test_cli_main_job_writes_config_checkpoints_metrics_and_wandb(tmp_path):
 # --- resume ------------------------------------------------------------------------------
 
 
-class Interrupt:
-    """A callback that kills the run at a given step, as a crash or a pre-emption would."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def __getattr__(self, name):  # every other Lightning hook: do nothing
-        if name.startswith(("on_", "setup", "teardown", "state_dict", "load_state_dict")):
-            return lambda *args, **kwargs: None
-        raise AttributeError(name)
-
-
 def test_resume_continues_to_the_same_weights_as_an_uninterrupted_run(tmp_path):
     from lightning.pytorch.callbacks import Callback
 
