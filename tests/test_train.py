@@ -31,18 +31,22 @@ def test_every_synthetic_task_with_both_models(tmp_path, data, model):
     assert (tmp_path / "checkpoints" / "last.ckpt").exists()
 
 
-def test_translation_config_trains_and_logs_bleu(tmp_path):
+def tiny_translation(tmp_path):
+    """Overrides that point data=translation at a SWORD fixture, through the real reader."""
     from test_data import ENGLISH, SPANISH
 
     sword = tmp_path / "sword"
     write_module(sword, "engTEST", ENGLISH, versification="NRSVA")
     write_module(sword, "spaTEST", SPANISH, versification="KJV")
-    run_train(
-        tmp_path / "run", "data=translation", f"data.sword_dir={sword}", "data.source_module=engTEST",
-        "data.target_module=spaTEST", "data.vocab_size=300", "data.val_size=1", "data.test_size=1",
-        "data.batch_size=2", "data.eval_batch_size=2", f"cache_dir={tmp_path / 'cache'}", "logger=csv",
-        fast_data=False,
-    )  # fmt: skip
+    return [
+        f"data.sword_dir={sword}", "data.source_module=engTEST", "data.target_module=spaTEST",
+        "data.vocab_size=300", "data.val_size=1", "data.test_size=1", "data.batch_size=2",
+        "data.eval_batch_size=2", f"cache_dir={tmp_path / 'cache'}",
+    ]  # fmt: skip
+
+
+def test_translation_config_trains_and_logs_bleu(tmp_path):
+    run_train(tmp_path / "run", "data=translation", *tiny_translation(tmp_path), "logger=csv", fast_data=False)
     _, bleu = series(read_metrics(tmp_path / "run"), "val/bleu")
     assert len(bleu) == 2 and all(0 <= value <= 100 for value in bleu)
 
@@ -77,7 +81,12 @@ def test_base_model_config_builds_and_steps(tmp_path):
 
 @pytest.mark.parametrize("experiment", names("experiment"))
 def test_every_experiment_runs_one_job(tmp_path, experiment):
-    cfg = compose_run(tmp_path, [f"experiment={experiment}", "logger=csv"])
+    data = (CONF / "experiment" / f"{experiment}.yaml").read_text()
+    if "override /data: translation" in data:
+        overrides, fast_data = tiny_translation(tmp_path), False
+    else:
+        overrides, fast_data = [], True
+    cfg = compose_run(tmp_path / "run", [f"experiment={experiment}", "logger=csv", *overrides], fast_data=fast_data)
     assert cfg.name == experiment
     train(cfg)
 
