@@ -52,11 +52,10 @@ def layers_of(groups: list[Group]) -> list[str]:
     return sorted(layers, key=lambda name: (int(name.rsplit("L", 1)[1]), kinds.get(name.rsplit(".L", 1)[0], 3)))
 
 
-def legend_right(fig, axes) -> None:
+def legend_right(fig, axes):
     """One legend for the whole figure, outside the panels on the right."""
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
+    return fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False) if handles else None
 
 
 def loss_curves(groups: list[Group], out: Path) -> Path:
@@ -67,8 +66,7 @@ def loss_curves(groups: list[Group], out: Path) -> Path:
             band(ax, group, key, colours[group.label], group.label)
         ax.set(title=title, xlabel="step", ylabel="cross-entropy (nats/token)")
         ax.grid(alpha=0.3)
-    legend_right(fig, axes)
-    return save(fig, out / "loss.png", legend=True)
+    return save(fig, out / "loss.png", legend_right(fig, axes))
 
 
 def per_layer(groups: list[Group], family: str, title: str, ylabel: str, out: Path, log: bool = False, extra=None):
@@ -96,8 +94,7 @@ def per_layer(groups: list[Group], family: str, title: str, ylabel: str, out: Pa
         plt.close(fig)
         return None
     fig.suptitle(title)
-    legend_right(fig, axes)
-    return save(fig, out / f"{family.replace('/', '_')}.png", legend=True)
+    return save(fig, out / f"{family.replace('/', '_')}.png", legend_right(fig, axes))
 
 
 def temperature(groups: list[Group], out: Path):
@@ -165,10 +162,12 @@ def at_init(groups: list[Group], out: Path):
     return save(fig, out / "init_vs_dk.png")
 
 
-def save(fig, path: Path, legend: bool = False) -> Path:
+def save(fig, path: Path, legend=None) -> Path:
     fig.tight_layout()
-    if legend:  # keep about 1.8 inches on the right for the figure legend
-        fig.subplots_adjust(right=1 - 1.8 / fig.get_figwidth())
+    if legend is not None:  # make room on the right for the figure legend, however long its labels
+        fig.canvas.draw()
+        width = legend.get_window_extent().width / fig.dpi + 0.15
+        fig.subplots_adjust(right=1 - width / fig.get_figwidth())
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
