@@ -177,3 +177,19 @@ def test_text_corpus_is_cut_into_blocks(tmp_path):
     assert len(data.splits["validation"]) > 0
     batch = next(iter(data.train_dataloader()))
     assert batch["tokens"].shape == (32, 17) and (batch["tokens"][:, 0] == BOS).all()
+
+
+def test_given_splits_are_kept_and_only_missing_ones_are_carved(tmp_path):
+    import json
+
+    def write(name, count):
+        path = tmp_path / name
+        path.write_text("\n".join(json.dumps({"src": f"{name} sentence {i}", "tgt": f"frase {name} {i}"})
+                                  for i in range(count)))  # fmt: skip
+        return str(path)
+
+    files = {"train": write("train.jsonl", 20), "validation": write("dev.jsonl", 3)}
+    cfg = translation_cfg(tmp_path, source="files", files=files, val_size=5, test_size=2)
+    splits = build_data(cfg, "transformer", seed=0, cache_dir=tmp_path / "cache").splits
+    assert [len(splits[name]) for name in ("train", "validation", "test")] == [18, 3, 2]
+    assert all(text.startswith("dev.jsonl") for text in splits["validation"]["src_text"])

@@ -6,7 +6,7 @@ from numbers import Real
 
 from omegaconf import DictConfig
 
-from attnlab.attention import TEMPERATURES, VARIANTS
+from attnlab.attention import parse_rule, variant_class
 
 MODEL_KINDS = ("transformer", "lm")
 OPTIMIZERS = ("adam", "adamw")
@@ -28,17 +28,13 @@ def positive(key: str, value) -> None:
 
 
 def validate(cfg: DictConfig, datasets: dict) -> None:
-    scale = cfg.attention.scale
-    if isinstance(scale, str):
-        try:
-            scale = float(scale)
-        except ValueError:
-            choice("attention.scale", scale, [*TEMPERATURES, "<a positive number>"])
-    if not isinstance(scale, str):
-        positive("attention.scale", scale)
+    try:  # the same checks the builders make, raised before anything is built
+        parse_rule(cfg.attention.scale)
+        variant_class(cfg.attention.variant)
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
     if cfg.attention.tau_init is not None:
         positive("attention.tau_init", cfg.attention.tau_init)
-    choice("attention.variant", cfg.attention.variant, sorted(VARIANTS))
 
     model = cfg.model
     choice("model.kind", model.kind, MODEL_KINDS)

@@ -2,8 +2,15 @@
 
 from attnlab.attention.functional import attend, attention, visibility
 from attnlab.attention.multihead import AttentionConfig, MultiHeadAttention
-from attnlab.attention.registry import VARIANTS, Score, load_variants, make_score, register_variant
-from attnlab.attention.temperature import TEMPERATURES, Learned, Temperature, make_temperature, tau_values
+from attnlab.attention.registry import VARIANTS, Score, load_variants, make_score, register_variant, variant_class
+from attnlab.attention.temperature import (
+    TEMPERATURES,
+    Learned,
+    Temperature,
+    make_temperature,
+    parse_rule,
+    tau_values,
+)
 
 load_variants()
 
@@ -19,7 +26,9 @@ __all__ = [
     "attention",
     "make_score",
     "make_temperature",
+    "parse_rule",
     "register_variant",
     "tau_values",
+    "variant_class",
     "visibility",
 ]

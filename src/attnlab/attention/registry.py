@@ -58,13 +58,17 @@ def register_variant(name: str):
     return register
 
 
-def make_score(variant: str, d_k: int, n_heads: int, **options) -> Score:
+def variant_class(variant: str) -> type[Score]:
     if variant not in VARIANTS:
         raise ValueError(
             f"attention.variant={variant!r} is not a registered variant; "
             f"use one of {sorted(VARIANTS)} (or register yours with @register_variant)"
         )
-    return VARIANTS[variant](d_k, n_heads, **options)
+    return VARIANTS[variant]
+
+
+def make_score(variant: str, d_k: int, n_heads: int, **options) -> Score:
+    return variant_class(variant)(d_k, n_heads, **options)
 
 
 def load_variants() -> None:

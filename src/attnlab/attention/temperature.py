@@ -16,7 +16,6 @@ returns τ: a float for fixed rules (SDPA then applies it for free), a tensor of
 from __future__ import annotations
 
 import math
-from numbers import Real
 
 import torch
 from torch import Tensor, nn
@@ -85,24 +84,30 @@ TEMPERATURES: dict[str, type[Temperature]] = {
 }
 
 
+def parse_rule(rule: str | float) -> str | float:
+    """A rule name (a key of TEMPERATURES) or a positive fixed divisor (a number or numeric string)."""
+    if isinstance(rule, str) and rule in TEMPERATURES:
+        return rule
+    try:
+        value = float(rule)
+    except (TypeError, ValueError):
+        value = None
+    if isinstance(rule, bool) or value is None or not value > 0:
+        raise ValueError(
+            f"attention.scale={rule!r} is not valid; accepted values: {', '.join(TEMPERATURES)}, <a positive number>"
+        )
+    return value
+
+
 def make_temperature(rule: str | float, d_k: int, n_heads: int, **options) -> Temperature:
     """Build the rule named ``rule`` (a key of TEMPERATURES) or a fixed divisor (a number).
 
     ``options`` go to the learned rule (``init``, ``per_head``) and are ignored by fixed
     rules, so one attention config can carry them whatever the scale.
     """
-    if isinstance(rule, Real) and not isinstance(rule, bool):
-        return Fixed(d_k, n_heads, float(rule))
-    if isinstance(rule, str):
-        try:
-            return Fixed(d_k, n_heads, float(rule))
-        except ValueError:
-            pass
-    if rule not in TEMPERATURES:
-        raise ValueError(
-            f"attention.scale={rule!r} is not a temperature rule; "
-            f"use one of {sorted(TEMPERATURES)} or a positive number"
-        )
+    rule = parse_rule(rule)
+    if not isinstance(rule, str):
+        return Fixed(d_k, n_heads, rule)
     cls = TEMPERATURES[rule]
     return cls(d_k, n_heads, **options) if issubclass(cls, Learned) else cls(d_k, n_heads)
 

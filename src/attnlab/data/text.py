@@ -9,33 +9,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from datasets import Dataset, DatasetDict, load_dataset
+from datasets import Dataset, DatasetDict
 from omegaconf import DictConfig
 
 from attnlab.data.cache import cached_splits, train_tokenizer
 from attnlab.data.module import Vocabulary
+from attnlab.data.sources import fixed_splits, load_files, load_hub
 from attnlab.data.synthetic import EOS
-from attnlab.data.translation import fixed_splits
 
 
 def read_texts(cfg: DictConfig) -> Dataset | DatasetDict:
     if cfg.source == "files":
-        paths = {split: str(path) for split, path in cfg.files.items() if path}
-        if "train" not in paths:
-            raise ValueError("data=text needs a corpus: data.files.train=<path to a .txt file> (or data.source=hub)")
-        for split, path in paths.items():
-            if not Path(path).exists():
-                raise FileNotFoundError(f"data.files.{split}={path!r} does not exist")
-        loaded = load_dataset("text", data_files=paths)
-        return loaded if len(loaded) == 3 else loaded["train"]
+        return load_files(cfg.files, needed="a text file, one document or line per row", builder="text")
     if cfg.source == "hub":
-        try:
-            loaded = load_dataset(cfg.hub.name, cfg.hub.subset)
-        except Exception as error:
-            raise RuntimeError(
-                f"could not load hub dataset data.hub.name={cfg.hub.name!r}: {error}. It needs the network "
-                "(unset HF_DATASETS_OFFLINE / HF_HUB_OFFLINE); offline, use data.source=files."
-            ) from error
+        loaded = load_hub(cfg.hub, offline_instead="data.source=files")
         return loaded.rename_column(cfg.hub.text_column, "text") if cfg.hub.text_column != "text" else loaded
     raise ValueError(f"data.source={cfg.source!r} is not valid for data=text; accepted values: files, hub")
 

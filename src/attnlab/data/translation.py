@@ -22,11 +22,12 @@ import functools
 import re
 from pathlib import Path
 
-from datasets import Dataset, DatasetDict, load_dataset
+from datasets import Dataset, DatasetDict
 from omegaconf import DictConfig
 
 from attnlab.data.cache import cached_splits, train_tokenizer
 from attnlab.data.module import Vocabulary
+from attnlab.data.sources import SPLITS, fixed_splits, load_files, load_hub
 
 SWORD_HELP = (
     "the SWORD modules are not in {sword_dir}. Fetch them once with `make corpus`, or by hand:\n"
@@ -92,35 +93,10 @@ def read_sword_pairs(sword_dir: Path, source_module: str, target_module: str) ->
     return pairs
 
 
-def read_file_pairs(files: DictConfig) -> DatasetDict | Dataset:
-    """Local JSON lines / CSV / TSV with src and tgt columns, via datasets.load_dataset."""
-    paths = {split: str(path) for split, path in files.items() if path}
-    if not paths:
-        raise ValueError("data.source=files needs data.files.train (and optionally validation, test)")
-    for split, path in paths.items():
-        if not Path(path).exists():
-            raise FileNotFoundError(f"data.files.{split}={path!r} does not exist")
-    suffix = Path(next(iter(paths.values()))).suffix.lower()
-    builder = {".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "csv"}.get(suffix)
-    if builder is None:
-        raise ValueError(f"data.files: unsupported file type {suffix!r}; use .jsonl, .json, .csv or .tsv")
-    kwargs = {"delimiter": "\t"} if suffix == ".tsv" else {}
-    loaded = load_dataset(builder, data_files=paths, **kwargs)
-    return loaded if len(loaded) > 1 else loaded["train"]
-
-
 def read_hub_pairs(hub: DictConfig) -> DatasetDict:
     """A hub translation dataset (rows {"translation": {lang: text}}), as src/tgt columns."""
-    try:
-        loaded = load_dataset(hub.name, hub.subset)
-    except Exception as error:  # offline, unknown name, no access: say which and how to fix
-        raise RuntimeError(
-            f"could not load hub dataset data.hub.name={hub.name!r} subset={hub.subset!r}: {error}. "
-            "It needs the network (unset HF_DATASETS_OFFLINE / HF_HUB_OFFLINE); offline, use "
-            "data.source=sword or data.source=files."
-        ) from error
-    if "validation" in loaded and "test" in loaded:
-        loaded = DatasetDict({split: loaded[split] for split in ("train", "validation", "test")})
+    loaded = load_hub(hub, offline_instead="data.source=sword or data.source=files")
+    loaded = DatasetDict({split: rows for split, rows in loaded.items() if split in SPLITS})
     return loaded.map(
         lambda row: {"src": row["translation"][hub.source_lang], "tgt": row["translation"][hub.target_lang]},
         remove_columns=loaded["train"].column_names,
@@ -138,30 +114,11 @@ def plausible(row: dict, max_ratio: float) -> bool:
     return 1 / max_ratio <= ratio <= max_ratio
 
 
-def fixed_splits(pairs: Dataset | DatasetDict, cfg: DictConfig) -> DatasetDict:
-    """Keep given splits; otherwise carve validation/test off with a fixed seed (not the run's)."""
-    if isinstance(pairs, DatasetDict) and {"train", "validation", "test"} <= set(pairs):
-        return pairs
-    if isinstance(pairs, DatasetDict):
-        pairs = pairs["train"]
-    held_out = cfg.val_size + cfg.test_size
-    if held_out >= len(pairs):
-        raise ValueError(f"data.val_size + data.test_size = {held_out} leaves no training pairs of {len(pairs)}")
-    shuffled = pairs.shuffle(seed=cfg.split_seed)
-    return DatasetDict(
-        {
-            "validation": shuffled.select(range(cfg.val_size)),
-            "test": shuffled.select(range(cfg.val_size, held_out)),
-            "train": shuffled.select(range(held_out, len(pairs))),
-        }
-    )
-
-
 def read_pairs(cfg: DictConfig) -> Dataset | DatasetDict:
     if cfg.source == "sword":
         return Dataset.from_list(read_sword_pairs(Path(cfg.sword_dir), cfg.source_module, cfg.target_module))
     if cfg.source == "files":
-        return read_file_pairs(cfg.files)
+        return load_files(cfg.files, needed="pairs.jsonl with src and tgt fields")
     if cfg.source == "hub":
         return read_hub_pairs(cfg.hub)
     raise ValueError(f"data.source={cfg.source!r} is not valid; accepted values: sword, files, hub")
