@@ -60,7 +60,9 @@ def test_runs_lost_midway_are_listed_not_dropped(sweep, tmp_path):
     shutil.copytree(sweep, copy)
     shutil.rmtree(copy / "5")  # a job whose run dir was deleted
     shutil.rmtree(copy / "2" / "csv")  # a job whose metrics were deleted
+    shutil.copytree(copy / "0" / ".hydra", copy / "0" / ".hydra-resume")  # as a resume leaves it: not a run
     report = load([copy])
+    assert len(report.runs) == 8
     status = {run.name.rsplit("/", 1)[-1]: run.status for run in report.runs}
     assert status["5"] == "missing" and status["2"] == "failed"
     assert sum(s == "finished" for s in status.values()) == 6

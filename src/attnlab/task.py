@@ -60,7 +60,8 @@ class SequenceTask(L.LightningModule):
         self.kind = config["model"]["kind"]
         self.model = build_model(config["model"], config["attention"], vocab.size)
         self.optim = config["optim"]
-        self.val_loss, self.val_acc, self.val_seq_acc = MeanMetric(), MeanMetric(), MeanMetric()
+        # shared by validation and test; reset after each
+        self.eval_loss, self.eval_acc, self.eval_seq_acc = MeanMetric(), MeanMetric(), MeanMetric()
         self.bleu_batches = config["data"].get("bleu_batches", 0) if vocab.decode else 0
         self.hypotheses: list[str] = []
         self.references: list[str] = []
@@ -102,6 +103,9 @@ class SequenceTask(L.LightningModule):
     def on_train_epoch_start(self) -> None:
         self.step_ended = None  # the first step is timed from its own start
 
+    def on_validation_start(self) -> None:
+        self.step_ended = None  # the step after a validation: validation time is not its own
+
     def on_train_start(self) -> None:
         self.peak_flops = peak_flops(self.device, self.trainer.precision)  # None off known GPUs
 
@@ -109,7 +113,7 @@ class SequenceTask(L.LightningModule):
         # From the previous step's end: data loading included, and on a GPU the host's
         # run-ahead evens out over steps without a sync here. n_tokens was counted on the CPU.
         now = time.perf_counter()
-        elapsed, self.step_started = now - (self.step_ended or self.step_started), None
+        elapsed = now - (self.step_ended if self.step_ended is not None else self.step_started)
         self.step_ended = now
         self.log("perf/tokens_per_s", batch["n_tokens"] * self.trainer.world_size / elapsed)
         if self.peak_flops:
@@ -137,24 +141,24 @@ class SequenceTask(L.LightningModule):
         n_tokens = scored.sum()
         loss = sequence_loss(logits, targets, IGNORE)  # no smoothing: a true NLL / perplexity
         correct = (logits.argmax(-1) == targets) & scored
-        self.val_loss.update(loss, n_tokens)
-        self.val_acc.update(correct.sum() / n_tokens, n_tokens)
-        self.val_seq_acc.update((correct.sum(1) == scored.sum(1)).float().mean(), targets.shape[0])
+        self.eval_loss.update(loss, n_tokens)
+        self.eval_acc.update(correct.sum() / n_tokens, n_tokens)
+        self.eval_seq_acc.update((correct.sum(1) == scored.sum(1)).float().mean(), targets.shape[0])
         if prefix == "val" and batch_idx < self.bleu_batches and self.kind == "transformer":
             self.decode_for_bleu(batch)
 
     def log_evaluation(self, prefix: str) -> None:
-        loss = self.val_loss.compute()
+        loss = self.eval_loss.compute()
         self.log_dict(
             {
                 f"{prefix}/loss": loss,
                 f"{prefix}/ppl": loss.exp(),
-                f"{prefix}/acc": self.val_acc.compute(),
-                f"{prefix}/seq_acc": self.val_seq_acc.compute(),
+                f"{prefix}/acc": self.eval_acc.compute(),
+                f"{prefix}/seq_acc": self.eval_seq_acc.compute(),
             },
             prog_bar=prefix == "val",
         )
-        for metric in (self.val_loss, self.val_acc, self.val_seq_acc):
+        for metric in (self.eval_loss, self.eval_acc, self.eval_seq_acc):
             metric.reset()
         if self.hypotheses:
             self.log(f"{prefix}/bleu", self.corpus_bleu())

@@ -87,25 +87,39 @@ def expected_jobs(sweep_dir: Path) -> int | None:
     return math.prod(len(list(o.sweep_string_iterator())) for o in sweeps) if sweeps else 1
 
 
+def run_dirs_under(path: Path) -> list[Path]:
+    """Dirs holding an attnlab config.yaml; Hydra's own (.hydra/, .hydra-resume/) are not runs."""
+    if (path / "config.yaml").exists():
+        return [path]
+    found = (p.parent for p in path.rglob("config.yaml"))
+    return sorted(d for d in found if not any(part.startswith(".") for part in d.relative_to(path).parts))
+
+
+def missing_jobs(sweep: Path, run_dirs: list[Path]) -> list[Run]:
+    """The jobs a sweep's multirun.yaml launched that left no run dir behind."""
+    count = expected_jobs(sweep)
+    present = {d.name for d in run_dirs if d.parent == sweep}
+    missing = []
+    for job in (str(number) for number in range(count or 0)):
+        if job not in present:
+            reason = "its run dir is gone" if not (sweep / job).exists() else "no config.yaml in its run dir"
+            missing.append(Run(name=str(sweep / job), config={}, status="missing", problem=reason))
+    return missing
+
+
 def find_runs(paths: list[str | Path]) -> list[Run]:
     """Every run under the given run dirs / sweep dirs; jobs a sweep lost are listed as missing."""
     runs = []
     for path in map(Path, paths):
         if not path.exists():
             raise ReportError(f"{path} does not exist; give a run dir (with config.yaml) or a sweep dir")
-        run_dirs = [path] if (path / "config.yaml").exists() else sorted(p.parent for p in path.rglob("config.yaml"))
-        run_dirs = [d for d in run_dirs if ".hydra" not in d.parts]
-        for sweep in {path, *(d.parent for d in run_dirs)}:
-            if (count := expected_jobs(sweep)) is not None:
-                present = {d.name for d in run_dirs if d.parent == sweep}
-                for job in map(str, range(count)):
-                    if job not in present:
-                        gone = not (sweep / job).exists()
-                        reason = "its run dir is gone" if gone else "no config.yaml in its run dir"
-                        runs.append(Run(name=str(sweep / job), config={}, status="missing", problem=reason))
-        if not run_dirs and not runs:
+        run_dirs = run_dirs_under(path)
+        missing = [
+            run for sweep in sorted({path, *(d.parent for d in run_dirs)}) for run in missing_jobs(sweep, run_dirs)
+        ]
+        if not run_dirs and not missing:
             raise ReportError(f"no runs under {path}: no config.yaml found (is it an attnlab-train output dir?)")
-        runs.extend(load_run(d) for d in run_dirs)
+        runs += missing + [load_run(d) for d in run_dirs]
     if not any(run.status != "missing" for run in runs):
         raise ReportError(f"no readable runs under {', '.join(map(str, paths))}")
     return runs
