@@ -79,6 +79,6 @@ def attention(
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
         return out, None
     mask = visibility(mask, causal, n, m, q.device)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
-    # SDPA leaves fully masked rows to the backend; pin them to 0 as the explicit path does.
-    return out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0), None
+    # Since torch 2.5 every SDPA backend gives fully masked rows a zero output (its
+    # "safe softmax", pytorch#133882), as the explicit path does; no extra pass needed.
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale), None
