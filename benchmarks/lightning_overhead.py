@@ -27,7 +27,8 @@ from omegaconf import OmegaConf
 from attnlab.data import build_data
 from attnlab.data.module import IGNORE
 from attnlab.models import sequence_loss
-from attnlab.task import SequenceTask, build_optimizer
+from attnlab.optim import build_optimizer
+from attnlab.task import SequenceTask
 from attnlab.train import CONF_DIR
 
 

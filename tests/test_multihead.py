@@ -62,7 +62,7 @@ def test_free_head_sizes():
 
 def test_d_k_defaults_to_d_model_over_heads_and_refuses_a_remainder():
     assert MultiHeadAttention(48, 6).d_k == 8
-    with pytest.raises(ValueError, match=r"model.d_model=50 .* model.n_heads=4"):
+    with pytest.raises(ValueError, match=r"d_model=50 is not divisible by n_heads=4.*set d_k"):
         MultiHeadAttention(50, 4)
     assert MultiHeadAttention(50, 4, d_k=10).d_k == 10
 

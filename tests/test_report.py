@@ -47,7 +47,7 @@ def test_report_of_a_four_rule_sweep(sweep, tmp_path, capsys):
     assert sorted(row["attention.scale"] for row in rows) == sorted(RULES)
     assert all(row["n"] == "2" for row in rows)
     assert all("±" in row["val/loss"] for row in rows)
-    assert "`attention.scale`, `seed`" in text and "None." in text.split("## Failed")[1]
+    assert "`attention.scale`, `seed`" in text and "None." in text.split("## Runs that did not finish")[1]
     figures = {"loss", "attn_entropy", "grad_logits", "grad_softmax_jac", "tau", "init_vs_dk"}
     assert {path.stem for path in tmp_path.glob("*.png")} == figures
     for name in figures:
@@ -68,7 +68,7 @@ def test_runs_lost_midway_are_listed_not_dropped(sweep, tmp_path):
     assert sum(s == "finished" for s in status.values()) == 6
     main([str(copy), "--out", str(tmp_path / "report")])
     text = (tmp_path / "report" / "report.md").read_text()
-    failed_section = text.split("## Failed")[1]
+    failed_section = text.split("## Runs that did not finish")[1]
     assert f"**missing**: `{copy / '5'}`" in failed_section and f"**failed**: `{copy / '2'}`" in failed_section
     counts = {row["attention.scale"]: row["n"] for row in final_table(text)}
     assert sorted(counts.values()) == ["1", "1", "2", "2"]

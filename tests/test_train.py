@@ -173,9 +173,9 @@ def test_resume_of_a_missing_run_says_what_is_missing(tmp_path):
     "overrides,expected",
     [
         (["attention.scale=sqrt"], r"attention.scale='sqrt'.*none.*sqrt_dk.*dk.*learned"),
-        (["attention.scale=-2"], r"attention.scale=-2.*positive"),
+        (["attention.scale=-2"], r"attention.scale=-2.*finite number > 0"),
         (["attention.variant=bilinear"], r"attention.variant='bilinear'.*additive.*cosine.*dot"),
-        (["model.d_model=50", "model.n_heads=4"], r"model.d_model=50.*model.n_heads=4.*model.d_k"),
+        (["model.d_model=50", "model.n_heads=4"], r"model.d_model=50 .*model.n_heads=4.*model.d_k"),
         (["model.kind=rnn"], r"model.kind='rnn'.*transformer.*lm"),
         (["data.name=mnist"], r"data.name='mnist'.*copy.*recall"),
         (["optim.schedule=linear"], r"optim.schedule='linear'.*inverse_sqrt"),

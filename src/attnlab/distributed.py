@@ -43,9 +43,9 @@ def free_port() -> int:
 class Workers:
     """Context manager: rank 0 starts ranks 1..N-1, and on exit waits for (or stops) them."""
 
-    def __init__(self, trainer_cfg: dict, run_dir: Path, config_file: Path):
+    def __init__(self, trainer_cfg: dict, run_dir: Path, config_file: Path, resume: bool = False):
         self.n = ddp_processes(trainer_cfg)
-        self.run_dir, self.config_file = run_dir, config_file
+        self.run_dir, self.config_file, self.resume = run_dir, config_file, resume
         self.procs: list[subprocess.Popen] = []
         external = "LOCAL_RANK" in os.environ or SLURMEnvironment.detect() or TorchElasticEnvironment.detect()
         self.active = self.n > 1 and not external
@@ -68,6 +68,7 @@ class Workers:
                 f"hydra.run.dir={self.run_dir}",
                 "hydra.output_subdir=null",  # rank 0 alone writes the run's files
                 f"hydra.job.name=rank{rank}",
+                *([f"resume={self.run_dir}"] if self.resume else []),  # every rank restores last.ckpt
             ]  # fmt: skip
             self.procs.append(subprocess.Popen(command, env={**os.environ, "LOCAL_RANK": str(rank)}))
         return self

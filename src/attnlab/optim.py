@@ -1,7 +1,14 @@
-"""Optimiser parameter groups: what weight decay applies to."""
+"""Optimisers and learning-rate schedules: what ``conf/optim/*.yaml`` selects.
+
+``OPTIMIZERS`` and ``SCHEDULES`` are the accepted values of ``optim.name`` and
+``optim.schedule``; the config checks read them from here.
+"""
 
 from __future__ import annotations
 
+import math
+
+import torch
 from torch import nn
 
 from attnlab.attention import Temperature
@@ -9,6 +16,32 @@ from attnlab.attention import Temperature
 # Parameters of these modules are scales or lookup rows, not weight matrices: decaying
 # them towards 0 would bias the model (a learned τ decayed to 0 means hard argmax).
 NO_DECAY_MODULES = (Temperature, nn.LayerNorm, nn.Embedding)
+
+OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+
+
+def inverse_sqrt(warmup: int, total: int):
+    """Vaswani et al. §5.3: linear warm-up, then ∝ 1/√step."""
+    return lambda step: min((step + 1) / warmup, math.sqrt(warmup / (step + 1)))
+
+
+def cosine(warmup: int, total: int):
+    def multiplier(step):
+        step += 1
+        if step < warmup:
+            return step / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.5 * (1 + math.cos(math.pi * progress))
+
+    return multiplier
+
+
+def constant(warmup: int, total: int):
+    return lambda step: 1.0
+
+
+# Each maps (warmup, total steps) to the multiplier of the peak lr at optimizer step ``step`` (0-based).
+SCHEDULES = {"inverse_sqrt": inverse_sqrt, "cosine": cosine, "constant": constant}
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -27,3 +60,15 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+
+
+def build_optimizer(model: nn.Module, optim: dict, total_steps: int):
+    """Adam or AdamW over attnlab's parameter groups, with a per-step LambdaLR schedule."""
+    optimizer = OPTIMIZERS[optim["name"]](
+        param_groups(model, optim["weight_decay"]),
+        lr=optim["lr"],
+        betas=tuple(optim["betas"]),
+        eps=optim["eps"],
+    )
+    multiplier = SCHEDULES[optim["schedule"]](optim["warmup_steps"], total_steps)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)

@@ -8,7 +8,6 @@ lr, perf/tokens_per_s (perf/mfu on GPUs of known peak), and val/loss, val/ppl, v
 
 from __future__ import annotations
 
-import math
 import time
 
 import lightning as L
@@ -19,35 +18,15 @@ from torchmetrics import MeanMetric
 
 from attnlab.attention import AttentionConfig
 from attnlab.data.module import IGNORE, Vocabulary
-from attnlab.models import DecoderLM, ModelConfig, Transformer, attention_layers, sequence_loss
-from attnlab.optim import param_groups
+from attnlab.models import MODELS, DecoderLM, ModelConfig, Transformer, attention_layers, sequence_loss
+from attnlab.optim import build_optimizer
 from attnlab.perf import peak_flops, step_flops
-
-MODELS = {"transformer": Transformer, "lm": DecoderLM}
 
 
 def build_model(model: dict, attention: dict, vocab_size: int) -> Transformer | DecoderLM:
     fields = {key: value for key, value in model.items() if key != "kind"}
     cfg = ModelConfig(vocab_size=vocab_size, attention=AttentionConfig(**attention), **fields)
     return MODELS[model["kind"]](cfg)
-
-
-def lr_lambda(schedule: str, warmup: int, total: int):
-    """Multiplier of the peak lr at optimizer step ``step`` (0-based)."""
-
-    def inverse_sqrt(step):  # Vaswani §5.3: linear warm-up, then ∝ 1/√step
-        step += 1
-        return min(step / warmup, math.sqrt(warmup / step))
-
-    def cosine(step):
-        step += 1
-        if step < warmup:
-            return step / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return 0.5 * (1 + math.cos(math.pi * progress))
-
-    schedules = {"inverse_sqrt": inverse_sqrt, "cosine": cosine, "constant": lambda step: 1.0}
-    return schedules[schedule]
 
 
 class SequenceTask(L.LightningModule):
@@ -200,21 +179,6 @@ class SequenceTask(L.LightningModule):
         total = self.trainer.max_steps if self.trainer.max_steps > 0 else 1
         optimizer, schedule = build_optimizer(self.model, self.optim, total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
-
-
-def build_optimizer(model: torch.nn.Module, optim: dict, total_steps: int):
-    """Adam or AdamW over attnlab's parameter groups, with a per-step LambdaLR schedule."""
-    optimizer_class = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[optim["name"]]
-    optimizer = optimizer_class(
-        param_groups(model, optim["weight_decay"]),
-        lr=optim["lr"],
-        betas=tuple(optim["betas"]),
-        eps=optim["eps"],
-    )
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(optim["schedule"], optim["warmup_steps"], total_steps)
-    )
-    return optimizer, schedule
 
 
 def cut_at(ids: list[int], eos: int) -> list[int]:

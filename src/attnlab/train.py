@@ -2,37 +2,41 @@
 
     seed → data → LightningModule → callbacks → loggers → Trainer → fit → test
 
-Every run dir holds ``config.yaml`` (the resolved config), ``checkpoints/`` (best and
-last), ``csv/version_*/metrics.csv`` (the local mirror of what W&B gets, same keys; one
-version per start) and ``wandb/``.
-Resume an interrupted run with ``attnlab-train resume=<its run dir>``: it continues from
-``checkpoints/last.ckpt`` with the run's own saved config and the same W&B run.
+Every run dir holds ``config.yaml`` (the resolved config), ``run.json`` (its W&B id and
+how it ended), ``checkpoints/`` (best and last), ``csv/version_*/metrics.csv`` (the local
+mirror of what W&B gets, same keys; one version per start) and ``wandb/``.
+Resume an interrupted run with ``attnlab-train resume=<its run dir>``: it continues in
+that dir from ``checkpoints/last.ckpt`` with the run's own saved config and W&B run.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
+import sys
 from pathlib import Path
 
 import hydra
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.config import ConfigError, validate
+from attnlab.config import validate
 from attnlab.data import DATASETS, build_data
 from attnlab.distributed import Workers
+from attnlab.lifecycle import AtomicCheckpointIO, BestCheckpoint, GracefulStop, LastCheckpoint, MetricsCSVLogger
 from attnlab.probes import build_probes
+from attnlab.rundir import check_resume, end_run, run_dir_for, start_run, unique_dir
 from attnlab.runs import flatten
 from attnlab.task import SequenceTask
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
-# hydra.run.dir is the run being resumed when resume= names one, else a fresh dir.
-OmegaConf.register_new_resolver("attnlab_run_dir", lambda resume, fresh: resume or fresh, replace=True)
+# hydra.run.dir is the run being resumed when resume= names one, else a new unique dir;
+# hydra.sweep.dir a new unique dir. Cached: each is created once per config (and sweep).
+OmegaConf.register_new_resolver("attnlab_run_dir", run_dir_for, replace=True, use_cache=True)
+OmegaConf.register_new_resolver("attnlab_unique_dir", unique_dir, replace=True, use_cache=True)
 # A resumed run keeps the .hydra/ of its first start and writes its own beside it.
 OmegaConf.register_new_resolver(
     "attnlab_hydra_subdir", lambda resume: ".hydra-resume" if resume else ".hydra", replace=True
@@ -40,21 +44,20 @@ OmegaConf.register_new_resolver(
 
 
 def is_rank_zero() -> bool:
-    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("RANK", "0") == "0"
+    return all(os.environ.get(var, "0") == "0" for var in ("LOCAL_RANK", "RANK", "SLURM_PROCID"))
 
 
 def resumed_config(cfg: DictConfig) -> DictConfig:
-    """With resume=DIR, the run's own saved config; a trainer.max_steps=… given now extends it."""
-    run_dir = Path(cfg.resume)
-    saved, last = run_dir / "config.yaml", run_dir / "checkpoints" / "last.ckpt"
-    for path in (saved, last):
-        if not path.exists():
-            raise ConfigError(f"resume={cfg.resume!r}: {path} does not exist; point resume at a run dir")
-    resumed = OmegaConf.load(saved)
+    """With resume=DIR, the run's own saved config, running in DIR; overrides as check_resume allows."""
+    overrides = HydraConfig.get().overrides.task
+    run_dir = check_resume(cfg.resume, overrides)
+    resumed = OmegaConf.load(run_dir / "config.yaml")
     resumed.resume = str(run_dir)
-    given = {override.split("=", 1)[0].lstrip("+~") for override in HydraConfig.get().overrides.task}
-    if "trainer.max_steps" in given:
-        resumed.trainer.max_steps = cfg.trainer.max_steps
+    resumed.run_dir = str(run_dir.resolve())  # here, wherever the run first lived
+    given = {override.split("=", 1)[0].lstrip("+~") for override in overrides}
+    for key in ("trainer.max_steps", "trainer.enable_progress_bar"):
+        if key in given:
+            OmegaConf.update(resumed, key, OmegaConf.select(cfg, key))
     return resumed
 
 
@@ -68,11 +71,11 @@ def wandb_settings(cfg: DictConfig) -> dict:
     return {"group": cfg.logger.group or group, "tags": [*tags, *cfg.logger.tags]}
 
 
-def build_loggers(cfg: DictConfig, run_dir: Path, flat_config: dict) -> list:
+def build_loggers(cfg: DictConfig, run_dir: Path, flat_config: dict, wandb_id: str) -> list:
     loggers = []
     if cfg.logger.csv:
         # csv/version_<k>/metrics.csv: a resumed run appends a new version, never overwrites.
-        loggers.append(CSVLogger(save_dir=run_dir, name="csv"))
+        loggers.append(MetricsCSVLogger(save_dir=run_dir, name="csv"))
     if cfg.logger.wandb:
         mode = os.environ.get("WANDB_MODE", "offline" if "WANDB_API_KEY" not in os.environ else "online")
         settings = wandb_settings(cfg)
@@ -82,8 +85,7 @@ def build_loggers(cfg: DictConfig, run_dir: Path, flat_config: dict) -> list:
                 entity=cfg.logger.entity,
                 save_dir=str(run_dir),
                 offline=mode != "online",
-                # The same run dir is the same W&B run: resuming continues it.
-                id=hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16],
+                id=wandb_id,  # from run.json: resuming continues the same W&B run
                 resume="allow",
                 job_type="train",
                 config=flat_config,
@@ -94,29 +96,26 @@ def build_loggers(cfg: DictConfig, run_dir: Path, flat_config: dict) -> list:
 
 
 def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
-    """best.ckpt at each validation (by optimized_metric), last.ckpt every few steps (for
-    resume), and the probes."""
-    best = ModelCheckpoint(
-        dirpath=run_dir / "checkpoints",
-        filename="best",
-        monitor=cfg.optimized_metric,
-        mode="min",
-        save_top_k=1,
-    )
-    last = ModelCheckpoint(
-        dirpath=run_dir / "checkpoints",
-        save_top_k=0,
-        save_last=True,
-        every_n_train_steps=cfg.callbacks.checkpoint_every_n_steps,
-    )
-    return [best, last, *build_probes(cfg.callbacks.get("probes"))]
+    """best.ckpt at each validation (by optimized_metric), last.ckpt every few steps and at
+    the last step (which validates), saving on SIGTERM/SIGINT, and the probes."""
+    checkpoints = run_dir / "checkpoints"
+    best = BestCheckpoint(dirpath=checkpoints, filename="best", monitor=cfg.optimized_metric, mode="min", save_top_k=1)
+    last = checkpoints / "last.ckpt"
+    ends = [LastCheckpoint(last, cfg.callbacks.checkpoint_every_n_steps), GracefulStop(last)]
+    return [best, *ends, *build_probes(cfg.callbacks.get("probes"))]
 
 
-def finish_wandb(exit_code: int) -> None:
+def finish_wandb(exit_code: int, preempted: bool = False) -> None:
     import wandb
 
     if wandb.run is not None:
+        if preempted:
+            wandb.run.mark_preempting()
         wandb.run.finish(exit_code=exit_code)
+
+
+def exception_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".splitlines()[0][:500]
 
 
 def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
@@ -125,35 +124,61 @@ def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
     validate(cfg, DATASETS)
     run_dir = Path(cfg.run_dir)
     config_file = run_dir / "config.yaml"
-    if is_rank_zero() and not cfg.resume:
+    writes = is_rank_zero()
+    if writes:
         run_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, config_file, resolve=True)
+        if not cfg.resume:
+            save_config(cfg, config_file)
+        record = start_run(run_dir, resumed=bool(cfg.resume))
     resolved = OmegaConf.to_container(cfg, resolve=True)
 
-    with Workers(resolved["trainer"], run_dir, config_file):
-        L.seed_everything(cfg.seed, workers=True)
-        data = build_data(cfg.data, cfg.model.kind, cfg.seed, Path(cfg.cache_dir))
-        task = SequenceTask(resolved, data.vocab)
-        loggers = build_loggers(cfg, run_dir, flatten(resolved))
-        trainer = L.Trainer(
-            **resolved["trainer"],
-            default_root_dir=run_dir,
-            callbacks=[*build_callbacks(cfg, run_dir), *extra_callbacks],
-            logger=loggers or False,
-            use_distributed_sampler=False,  # the data module shards its own stream
-        )
-        last = run_dir / "checkpoints" / "last.ckpt"
+    with Workers(resolved["trainer"], run_dir, config_file, resume=bool(cfg.resume)):
+        trainer, stop = None, None
         try:
+            L.seed_everything(cfg.seed, workers=True)
+            data = build_data(cfg.data, cfg.model.kind, cfg.seed, Path(cfg.cache_dir))
+            task = SequenceTask(resolved, data.vocab)
+            loggers = build_loggers(cfg, run_dir, flatten(resolved), record["wandb_id"]) if writes else []
+            callbacks = [*build_callbacks(cfg, run_dir), *extra_callbacks]
+            stop = next(callback for callback in callbacks if isinstance(callback, GracefulStop))
+            trainer = L.Trainer(
+                **resolved["trainer"],
+                default_root_dir=run_dir,
+                callbacks=callbacks,
+                logger=loggers or False,
+                plugins=[AtomicCheckpointIO()],
+                use_distributed_sampler=False,  # the data module shards its own stream
+            )
+            last = run_dir / "checkpoints" / "last.ckpt"
             trainer.fit(task, datamodule=data, ckpt_path=str(last) if cfg.resume else None)
             best = trainer.checkpoint_callback  # the first ModelCheckpoint: by optimized_metric
             if cfg.test:
                 trainer.test(task, datamodule=data, ckpt_path=best.best_model_path or None)
-        except BaseException:
-            finish_wandb(exit_code=1)  # marked failed; the next sweep job gets a run of its own
+        except SIGTERMException:
+            interrupted = stop.interrupted(run_dir, trainer.global_step)
+            if writes:
+                end_run(run_dir, "interrupted", trainer.global_step, interrupted.message)
+                finish_wandb(exit_code=interrupted.code, preempted=True)
+            print(interrupted.message, file=sys.stderr, flush=True)
+            raise interrupted from None
+        except BaseException as error:
+            if writes:
+                state = "diverged" if isinstance(error, FloatingPointError) else "failed"
+                end_run(run_dir, state, trainer.global_step if trainer else 0, exception_line(error))
+                finish_wandb(exit_code=1)  # marked failed; the next sweep job gets a run of its own
             raise
-        finish_wandb(exit_code=0)
+        if writes:
+            end_run(run_dir, "finished", trainer.global_step)
+            finish_wandb(exit_code=0)
     score = best.best_model_score
     return float(score) if score is not None else float("nan")
+
+
+def save_config(cfg: DictConfig, path: Path) -> None:
+    """config.yaml, written atomically (a half-written one would make the run unresumable)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    OmegaConf.save(cfg, tmp, resolve=True)
+    os.replace(tmp, path)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")

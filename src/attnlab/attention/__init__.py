@@ -1,6 +1,6 @@
 """Attention as project → weight → aggregate (see multihead.py), with τ rules and variants."""
 
-from attnlab.attention.functional import attend, attention, visibility
+from attnlab.attention.functional import attend, attention, fast_attention, visibility
 from attnlab.attention.multihead import AttentionConfig, MultiHeadAttention
 from attnlab.attention.registry import VARIANTS, Score, load_variants, make_score, register_variant, variant_class
 from attnlab.attention.temperature import (
@@ -24,6 +24,7 @@ __all__ = [
     "Temperature",
     "attend",
     "attention",
+    "fast_attention",
     "make_score",
     "make_temperature",
     "parse_rule",

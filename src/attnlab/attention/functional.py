@@ -22,15 +22,58 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab.checks import positive_number, probability
+
 
 def visibility(mask: Tensor | None, causal: bool, n: int, m: int, device: torch.device) -> Tensor | None:
     """Combine a user mask and the causal rule into one bool mask (True = may attend)."""
     if causal:
         causal_mask = torch.ones(n, m, dtype=torch.bool, device=device).tril()
         mask = causal_mask if mask is None else mask & causal_mask
-    if mask is not None and mask.dtype != torch.bool:
-        raise TypeError(f"mask must be a bool tensor (True = may attend), got {mask.dtype}")
     return mask
+
+
+def check_mask(mask: Tensor, expected: tuple, name: str = "mask") -> None:
+    if mask.dtype != torch.bool:
+        raise TypeError(
+            f"{name} must be a bool tensor (True = may attend, SDPA's convention); got {mask.dtype}. "
+            f"For a 0/1 mask use {name}.bool(); additive float masks are not supported"
+        )
+    try:
+        fits = torch.broadcast_shapes(mask.shape, expected) == torch.Size(expected)
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"{name} of shape {tuple(mask.shape)} does not broadcast to (..., n, m) = {tuple(expected)}")
+
+
+def check_inputs(q: Tensor, k: Tensor, v: Tensor, tau: float | Tensor, mask: Tensor | None) -> None:
+    """The boundary checks of ``attention``: shapes that agree, a bool mask, a finite τ > 0."""
+    shapes = f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if q.dim() < 2 or k.dim() < 2 or v.dim() < 2:
+        raise ValueError(f"q, k, v must have shape (..., length, dim); {shapes}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q (..., n, d_k) and k (..., m, d_k) must share d_k; {shapes}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k (..., m, d_k) and v (..., m, d_v) must share m; {shapes}")
+    try:
+        torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"q, k, v must have matching leading (batch, head) dims; {shapes}") from None
+    if mask is not None:
+        check_mask(mask, (*q.shape[:-1], k.shape[-2]))
+    if isinstance(tau, Tensor):
+        try:
+            fits = torch.broadcast_shapes(tau.shape, q.shape) == q.shape
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"tau of shape {tuple(tau.shape)} does not broadcast to q's shape {tuple(q.shape)}")
+        # A learned τ is exp(log τ), positive by construction; a given one is checked (a host sync).
+        if not tau.requires_grad and not bool(torch.isfinite(tau).all() and (tau > 0).all()):
+            raise ValueError(f"tau must be finite and > 0; got {tau.flatten()[:8].tolist()}")
+    else:
+        positive_number("tau", tau)
 
 
 def attend(logits: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0):
@@ -49,6 +92,23 @@ def attend(logits: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: flo
     return dropped @ v, weights
 
 
+def fast_attention(
+    q: Tensor, k: Tensor, v: Tensor, tau: float | Tensor, mask: Tensor | None, causal: bool, dropout_p: float
+) -> Tensor:
+    """The fast path on inputs already checked: SDPA with τ applied to q (or as SDPA's scale)."""
+    if isinstance(tau, Tensor):
+        q, scale = q / tau, 1.0
+    else:
+        # A fixed τ costs nothing extra: SDPA applies it inside the kernel.
+        scale = 1.0 / tau
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
+    mask = visibility(mask, causal, q.shape[-2], k.shape[-2], q.device)
+    # Since torch 2.5 every SDPA backend gives fully masked rows a zero output (its
+    # "safe softmax", pytorch#133882), as the explicit path does; no extra pass needed.
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+
+
 def attention(
     q: Tensor,
     k: Tensor,
@@ -62,23 +122,14 @@ def attention(
     """Dot-product attention softmax(q kᵀ / τ) v.
 
     q: (..., n, d_k), k: (..., m, d_k), v: (..., m, d_v).
-    tau: a float, or a tensor broadcastable to q (e.g. one per head, shape (h, 1, 1)).
+    tau: a finite float > 0, or a tensor broadcastable to q (e.g. one per head, shape (h, 1, 1)).
     mask: bool, broadcastable to (..., n, m), True = may attend.
     Returns out (..., n, d_v) and weights (..., n, m), the latter None unless need_weights.
+    Inputs that do not fit raise ValueError/TypeError naming the argument and the shape expected.
     """
-    n, m = q.shape[-2], k.shape[-2]
+    check_inputs(q, k, v, tau, mask)
+    probability("dropout_p", dropout_p)
     if need_weights:
         logits = (q @ k.transpose(-2, -1)) / tau
-        return attend(logits, v, visibility(mask, causal, n, m, q.device), dropout_p)
-    if isinstance(tau, Tensor):
-        q, scale = q / tau, 1.0
-    else:
-        # A fixed τ costs nothing extra: SDPA applies it inside the kernel.
-        scale = 1.0 / tau
-    if mask is None:
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
-        return out, None
-    mask = visibility(mask, causal, n, m, q.device)
-    # Since torch 2.5 every SDPA backend gives fully masked rows a zero output (its
-    # "safe softmax", pytorch#133882), as the explicit path does; no extra pass needed.
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale), None
+        return attend(logits, v, visibility(mask, causal, q.shape[-2], k.shape[-2], q.device), dropout_p)
+    return fast_attention(q, k, v, tau, mask, causal, dropout_p), None

@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor, nn
 
-from attnlab.attention.functional import attend, attention, visibility
-from attnlab.attention.registry import make_score
-from attnlab.attention.temperature import make_temperature
+from attnlab.attention.functional import attend, check_mask, fast_attention, visibility
+from attnlab.attention.registry import make_score, variant_class
+from attnlab.attention.temperature import make_temperature, parse_rule
+from attnlab.checks import positive_int, positive_number, probability
 
 
 @dataclass
@@ -28,6 +30,23 @@ class AttentionConfig:
     tau_per_head: bool = True  # learned τ only; False = one τ per layer
     dropout: float = 0.0  # on the attention weights
     options: dict = field(default_factory=dict)  # passed to the variant's Score
+
+    def __post_init__(self):
+        variant_class(self.variant)
+        parse_rule(self.scale)
+        positive_number("tau_init", self.tau_init, allow_none=True)
+        probability("dropout", self.dropout)
+
+
+def default_d_k(d_model: int, n_heads: int) -> int:
+    """d_model / n_heads, when it divides; else an error saying what to set."""
+    if d_model % n_heads:
+        divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
+        raise ValueError(
+            f"d_model={d_model} is not divisible by n_heads={n_heads}, so d_k cannot default to "
+            f"d_model / n_heads; set d_k explicitly or use n_heads in {divisors}"
+        )
+    return d_model // n_heads
 
 
 class MultiHeadAttention(nn.Module):
@@ -53,14 +72,12 @@ class MultiHeadAttention(nn.Module):
     ):
         super().__init__()
         attn = attn or AttentionConfig()
-        if d_k is None:
-            if d_model % n_heads:
-                raise ValueError(
-                    f"model.d_model={d_model} is not divisible by model.n_heads={n_heads}; "
-                    "set model.d_k explicitly or pick n_heads dividing d_model"
-                )
-            d_k = d_model // n_heads
-        d_v = d_v or d_k
+        positive_int("d_model", d_model)
+        positive_int("n_heads", n_heads)
+        positive_int("d_k", d_k, allow_none=True)
+        positive_int("d_v", d_v, allow_none=True)
+        d_k = default_d_k(d_model, n_heads) if d_k is None else d_k
+        d_v = d_k if d_v is None else d_v
         self.d_model, self.n_heads, self.d_k, self.d_v = d_model, n_heads, d_k, d_v
         self.name = name
         self.dropout = attn.dropout
@@ -103,6 +120,7 @@ class MultiHeadAttention(nn.Module):
         query_mask: (B, n) bool, True = a real query; only recorded, for the probes.
         """
         source = x if source is None else source
+        self.check_inputs(x, source, key_mask, attn_mask)
         q = self.split_heads(self.q_proj(x), self.d_k)
         k = self.split_heads(self.k_proj(source), self.d_k)
         v = self.split_heads(self.v_proj(source), self.d_v)
@@ -116,7 +134,7 @@ class MultiHeadAttention(nn.Module):
 
         if self.score.fused and not self.record:
             q, k = self.score.prepare(q, k)
-            out, _ = attention(q, k, v, tau, mask=mask, causal=causal, dropout_p=dropout_p)
+            out = fast_attention(q, k, v, tau, mask, causal, dropout_p)
         else:
             logits = self.score(q, k) / tau
             if self.record:
@@ -131,6 +149,24 @@ class MultiHeadAttention(nn.Module):
         batch, _, length, _ = out.shape
         out = out.transpose(1, 2).reshape(batch, length, self.n_heads * self.d_v)
         return self.out_proj(out)
+
+    def check_inputs(self, x: Tensor, source: Tensor, key_mask: Tensor | None, attn_mask: Tensor | None) -> None:
+        for name, tensor in (("x", x), ("source", source)):
+            if tensor.dim() != 3 or tensor.shape[-1] != self.d_model:
+                raise ValueError(
+                    f"{name} must have shape (batch, length, d_model={self.d_model}); got {tuple(tensor.shape)}"
+                )
+        if source.shape[0] != x.shape[0]:
+            raise ValueError(f"x and source must share the batch size; got {tuple(x.shape)} and {tuple(source.shape)}")
+        if key_mask is not None:
+            expected = (source.shape[0], source.shape[1])
+            if key_mask.dtype != torch.bool or tuple(key_mask.shape) != expected:
+                raise ValueError(
+                    f"key_mask must be a bool tensor of shape (batch, keys) = {expected} (True = a real key); "
+                    f"got {key_mask.dtype} {tuple(key_mask.shape)}"
+                )
+        if attn_mask is not None:
+            check_mask(attn_mask, (x.shape[0], self.n_heads, x.shape[1], source.shape[1]), "attn_mask")
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, n_heads={self.n_heads}, d_k={self.d_k}, d_v={self.d_v}"

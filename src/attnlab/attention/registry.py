@@ -61,7 +61,7 @@ def register_variant(name: str):
 def variant_class(variant: str) -> type[Score]:
     if variant not in VARIANTS:
         raise ValueError(
-            f"attention.variant={variant!r} is not a registered variant; "
+            f"variant={variant!r} is not a registered variant; "
             f"use one of {sorted(VARIANTS)} (or register yours with @register_variant)"
         )
     return VARIANTS[variant]

@@ -20,12 +20,16 @@ import math
 import torch
 from torch import Tensor, nn
 
+from attnlab.checks import positive_int, positive_number
+
 
 class Temperature(nn.Module):
     """Base class; parameters of a temperature are kept out of weight decay."""
 
     def __init__(self, d_k: int, n_heads: int):
         super().__init__()
+        positive_int("d_k", d_k)
+        positive_int("n_heads", n_heads)
         self.d_k, self.n_heads = d_k, n_heads
 
     def forward(self) -> float | Tensor:
@@ -35,8 +39,7 @@ class Temperature(nn.Module):
 class Fixed(Temperature):
     def __init__(self, d_k: int, n_heads: int, value: float = 1.0):
         super().__init__(d_k, n_heads)
-        if not value > 0:
-            raise ValueError(f"a fixed temperature must be > 0, got {value}")
+        positive_number("tau", value)
         self.value = float(value)
 
     def forward(self) -> float:
@@ -66,9 +69,8 @@ class Learned(Temperature):
 
     def __init__(self, d_k: int, n_heads: int, init: float | None = None, per_head: bool = True):
         super().__init__(d_k, n_heads)
+        positive_number("tau_init", init, allow_none=True)
         init = math.sqrt(d_k) if init is None else float(init)
-        if not init > 0:
-            raise ValueError(f"the learned temperature's init must be > 0, got {init}")
         shape = (n_heads, 1, 1) if per_head else (1, 1, 1)
         self.log_tau = nn.Parameter(torch.full(shape, math.log(init)))
 
@@ -85,16 +87,16 @@ TEMPERATURES: dict[str, type[Temperature]] = {
 
 
 def parse_rule(rule: str | float) -> str | float:
-    """A rule name (a key of TEMPERATURES) or a positive fixed divisor (a number or numeric string)."""
+    """A rule name (a key of TEMPERATURES) or a finite positive divisor (a number or numeric string)."""
     if isinstance(rule, str) and rule in TEMPERATURES:
         return rule
     try:
         value = float(rule)
     except (TypeError, ValueError):
         value = None
-    if isinstance(rule, bool) or value is None or not value > 0:
+    if isinstance(rule, bool) or value is None or not (math.isfinite(value) and value > 0):
         raise ValueError(
-            f"attention.scale={rule!r} is not valid; accepted values: {', '.join(TEMPERATURES)}, <a positive number>"
+            f"scale={rule!r} is not valid; accepted values: {', '.join(TEMPERATURES)}, <a finite number > 0>"
         )
     return value
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_dataset
@@ -11,23 +12,61 @@ SPLITS = ("train", "validation", "test")
 BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "csv"}
 
 
-def load_files(files: DictConfig, needed: str, builder: str | None = None) -> Dataset | DatasetDict:
+def check_text_file(key: str, path: Path, needed: str) -> None:
+    """Not empty and valid UTF-8; else an error naming the file (and the byte offset)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{key}={str(path)!r} does not exist (or is not a file)")
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, has_text = 0, False
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            try:
+                has_text = bool(decoder.decode(chunk).strip()) or has_text
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"{key}={str(path)!r} is not UTF-8 text: undecodable byte {chunk[error.start]:#04x} at byte "
+                    f"offset {offset + error.start}; convert it (e.g. iconv -f latin1 -t utf-8) and try again"
+                ) from None
+            offset += len(chunk)
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise ValueError(f"{key}={str(path)!r} is not UTF-8 text: it ends inside a multi-byte character") from None
+    if not has_text:
+        raise ValueError(f"{key}={str(path)!r} is empty; it should hold {needed}")
+
+
+def load_files(
+    files: DictConfig, needed: str, builder: str | None = None, columns: tuple[str, ...] = ()
+) -> Dataset | DatasetDict:
     """``data.files.{train,validation,test}`` through ``datasets.load_dataset``; train is required.
 
-    ``needed`` completes the error when no train file is given (what the file should hold);
-    ``builder`` forces a loader ("text" reads any file as lines), else the suffix picks it.
+    ``needed`` completes the errors (what the file should hold); ``builder`` forces a loader
+    ("text" reads any file as lines), else the suffix picks it; ``columns`` are required.
+    Every file is checked first: it exists, is not empty, and is UTF-8.
     """
     paths = {split: str(path) for split, path in files.items() if path}
     if "train" not in paths:
         raise ValueError(f"data.source=files needs data.files.train=<{needed}> (validation, test optional)")
     for split, path in paths.items():
-        if not Path(path).exists():
-            raise FileNotFoundError(f"data.files.{split}={path!r} does not exist")
+        check_text_file(f"data.files.{split}", Path(path), needed)
     suffix = Path(paths["train"]).suffix.lower()
     builder = builder or BUILDERS.get(suffix)
     if builder is None:
         raise ValueError(f"data.files: unsupported file type {suffix!r}; use one of {', '.join(BUILDERS)}")
-    loaded = load_dataset(builder, data_files=paths, **({"delimiter": "\t"} if suffix == ".tsv" else {}))
+    try:
+        loaded = load_dataset(builder, data_files=paths, **({"delimiter": "\t"} if suffix == ".tsv" else {}))
+    except Exception as error:  # malformed JSON/CSV: say which files and what was expected
+        raise ValueError(
+            f"data.files: could not read {', '.join(paths.values())} as {builder} ({needed}): {error}"
+        ) from error
+    for split, rows in loaded.items():
+        missing = [column for column in columns if column not in rows.column_names]
+        if missing:
+            raise ValueError(
+                f"data.files.{split}={paths[split]!r} has columns {rows.column_names} but needs "
+                f"{', '.join(columns)} (missing: {', '.join(missing)}); rename its fields to {', '.join(columns)}"
+            )
     return loaded if len(loaded) > 1 else loaded["train"]
 
 

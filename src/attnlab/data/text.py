@@ -18,13 +18,24 @@ from attnlab.data.sources import fixed_splits, load_files, load_hub
 from attnlab.data.synthetic import EOS
 
 
+def texts_from_files(cfg: DictConfig) -> Dataset | DatasetDict:
+    return load_files(cfg.files, needed="a text file, one document or line per row", builder="text")
+
+
+def texts_from_hub(cfg: DictConfig) -> DatasetDict:
+    loaded = load_hub(cfg.hub, offline_instead="data.source=files")
+    return loaded.rename_column(cfg.hub.text_column, "text") if cfg.hub.text_column != "text" else loaded
+
+
+SOURCES = {"files": texts_from_files, "hub": texts_from_hub}
+
+
 def read_texts(cfg: DictConfig) -> Dataset | DatasetDict:
-    if cfg.source == "files":
-        return load_files(cfg.files, needed="a text file, one document or line per row", builder="text")
-    if cfg.source == "hub":
-        loaded = load_hub(cfg.hub, offline_instead="data.source=files")
-        return loaded.rename_column(cfg.hub.text_column, "text") if cfg.hub.text_column != "text" else loaded
-    raise ValueError(f"data.source={cfg.source!r} is not valid for data=text; accepted values: files, hub")
+    if cfg.source not in SOURCES:
+        raise ValueError(
+            f"data.source={cfg.source!r} is not valid for data=text; accepted values: {', '.join(SOURCES)}"
+        )
+    return SOURCES[cfg.source](cfg)
 
 
 def blocks(rows: Dataset, tokenizer, block_size: int) -> Dataset:

@@ -114,14 +114,25 @@ def plausible(row: dict, max_ratio: float) -> bool:
     return 1 / max_ratio <= ratio <= max_ratio
 
 
+def pairs_from_sword(cfg: DictConfig) -> Dataset:
+    return Dataset.from_list(read_sword_pairs(Path(cfg.sword_dir), cfg.source_module, cfg.target_module))
+
+
+def pairs_from_files(cfg: DictConfig) -> Dataset | DatasetDict:
+    return load_files(cfg.files, needed="pairs.jsonl with src and tgt fields", columns=("src", "tgt"))
+
+
+def pairs_from_hub(cfg: DictConfig) -> DatasetDict:
+    return read_hub_pairs(cfg.hub)
+
+
+SOURCES = {"sword": pairs_from_sword, "files": pairs_from_files, "hub": pairs_from_hub}
+
+
 def read_pairs(cfg: DictConfig) -> Dataset | DatasetDict:
-    if cfg.source == "sword":
-        return Dataset.from_list(read_sword_pairs(Path(cfg.sword_dir), cfg.source_module, cfg.target_module))
-    if cfg.source == "files":
-        return load_files(cfg.files, needed="pairs.jsonl with src and tgt fields")
-    if cfg.source == "hub":
-        return read_hub_pairs(cfg.hub)
-    raise ValueError(f"data.source={cfg.source!r} is not valid; accepted values: sword, files, hub")
+    if cfg.source not in SOURCES:
+        raise ValueError(f"data.source={cfg.source!r} is not valid; accepted values: {', '.join(SOURCES)}")
+    return SOURCES[cfg.source](cfg)
 
 
 def prepare(cfg: DictConfig):

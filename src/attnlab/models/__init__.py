@@ -10,7 +10,11 @@ from attnlab.models.transformer import (
     sinusoidal_positions,
 )
 
+# The values model.kind accepts.
+MODELS = {"transformer": Transformer, "lm": DecoderLM}
+
 __all__ = [
+    "MODELS",
     "Block",
     "DecoderLM",
     "ModelConfig",

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention import AttentionConfig, MultiHeadAttention
+from attnlab.attention.multihead import default_d_k
+from attnlab.checks import positive_int, probability
 
 
 @dataclass
@@ -35,6 +37,15 @@ class ModelConfig:
     pre_norm: bool = False
     tie_embeddings: bool = True  # share input embeddings and the output projection
     attention: AttentionConfig = field(default_factory=AttentionConfig)
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_layers", "max_len"):
+            positive_int(name, getattr(self, name))
+        for name in ("d_k", "d_v"):
+            positive_int(name, getattr(self, name), allow_none=True)
+        probability("dropout", self.dropout)
+        if self.d_k is None:
+            default_d_k(self.d_model, self.n_heads)
 
 
 def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:

@@ -123,7 +123,7 @@ def write_report(report: Report, out: Path, sources: list[str]) -> Path:
         *final_metrics_table(report),
         "",
         *vaswani_table(report),
-        "## Failed, unfinished or missing runs",
+        "## Runs that did not finish (diverged, failed, unfinished, missing)",
         "",
         *([f"- **{run.status}**: `{run.name}` — {run.problem}" for run in problems] or ["None."]),
         "",

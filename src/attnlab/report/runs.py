@@ -8,8 +8,9 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from attnlab.rundir import read_run_file
 from attnlab.runs import flatten, read_config, read_metrics, series
 
 # Config keys that differ between runs without being part of the experiment.
@@ -25,7 +26,7 @@ class Run:
     name: str  # a path, or a W&B run id
     config: dict  # flattened: {"attention.scale": "none", ...}
     rows: list[dict] = field(default_factory=list)  # metric rows, each with "step"
-    status: str = "finished"  # finished | unfinished | failed | missing
+    status: str = "finished"  # finished | unfinished | diverged | failed | missing
     problem: str = ""
     wall_s: float | None = None
 
@@ -56,19 +57,30 @@ def d_k_of(config: dict) -> int:
 
 
 def load_run(run_dir: Path) -> Run:
+    """A run and its state: from run.json (how the run ended), else from what it logged."""
     config = flatten(read_config(run_dir))
     rows = read_metrics(run_dir)
     run = Run(name=str(run_dir), config=config, rows=rows)
     metrics_files = sorted((run_dir / "csv").glob("version_*/metrics.csv"))
     if metrics_files:
         run.wall_s = max(path.stat().st_mtime for path in metrics_files) - (run_dir / "config.yaml").stat().st_mtime
-    last_step = max((row["step"] for row in rows), default=None)
-    if not rows:
+    record = read_run_file(run_dir)
+    state, step, reason = record.get("status"), record.get("step", run.steps_trained), record.get("reason", "")
+    max_steps = config.get("trainer.max_steps", 0)
+    if state == "diverged":
+        run.status, run.problem = "diverged", f"diverged at step {step}: {reason}"
+    elif state == "failed":
+        run.status, run.problem = "failed", f"failed at step {step}: {reason}"
+    elif state in ("interrupted", "running"):
+        how = "stopped by a signal" if state == "interrupted" else "no end recorded (still running, or killed)"
+        run.status = "unfinished"
+        run.problem = f"{how} at step {step} of {max_steps}; continue with `attnlab-train resume={run_dir}`"
+    elif not rows:
         run.status, run.problem = "failed", "no metrics were written (csv/version_*/metrics.csv missing or empty)"
     elif not run.series("val/loss")[1]:
-        run.status, run.problem = "failed", f"no val/loss logged (last step {last_step:.0f})"
-    elif last_step + 1 < config.get("trainer.max_steps", 0):
-        run.status, run.problem = "unfinished", f"stopped at step {last_step + 1:.0f} of {config['trainer.max_steps']}"
+        run.status, run.problem = "failed", f"no val/loss logged (last step {run.steps_trained})"
+    elif state is None and run.steps_trained < max_steps:  # a run from before run.json
+        run.status, run.problem = "unfinished", f"stopped at step {run.steps_trained} of {max_steps}"
     return run
 
 
@@ -87,12 +99,23 @@ def expected_jobs(sweep_dir: Path) -> int | None:
     return math.prod(len(list(o.sweep_string_iterator())) for o in sweeps) if sweeps else 1
 
 
+def is_attnlab_run(run_dir: Path) -> bool:
+    """A config.yaml written by attnlab-train (not some other tool's)."""
+    try:
+        config = OmegaConf.load(run_dir / "config.yaml")
+    except Exception:  # unreadable YAML: not ours to report on
+        return False
+    return isinstance(config, DictConfig) and all(key in config for key in ("model", "attention", "trainer"))
+
+
 def run_dirs_under(path: Path) -> list[Path]:
     """Dirs holding an attnlab config.yaml; Hydra's own (.hydra/, .hydra-resume/) are not runs."""
     if (path / "config.yaml").exists():
-        return [path]
-    found = (p.parent for p in path.rglob("config.yaml"))
-    return sorted(d for d in found if not any(part.startswith(".") for part in d.relative_to(path).parts))
+        found = [path]
+    else:
+        found = (p.parent for p in path.rglob("config.yaml"))
+        found = [d for d in found if not any(part.startswith(".") for part in d.relative_to(path).parts)]
+    return sorted(d for d in found if is_attnlab_run(d))
 
 
 def missing_jobs(sweep: Path, run_dirs: list[Path]) -> list[Run]:
@@ -118,7 +141,10 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
             run for sweep in sorted({path, *(d.parent for d in run_dirs)}) for run in missing_jobs(sweep, run_dirs)
         ]
         if not run_dirs and not missing:
-            raise ReportError(f"no runs under {path}: no config.yaml found (is it an attnlab-train output dir?)")
+            raise ReportError(
+                f"no runs under {path}: no config.yaml of an attnlab-train run found "
+                "(a run dir holds config.yaml with model, attention and trainer sections)"
+            )
         runs += missing + [load_run(d) for d in run_dirs]
     if not any(run.status != "missing" for run in runs):
         raise ReportError(f"no readable runs under {', '.join(map(str, paths))}")
