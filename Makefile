@@ -31,7 +31,8 @@ install: $(VENV)/.installed
 
 # The main job: the four scale rules on the quick synthetic task, then their report.
 demo: install
-	sweep=multirun/scale_quick/$$(date +%Y-%m-%d_%H-%M-%S) && \
+	mkdir -p multirun/scale_quick && \
+	sweep=$$(mktemp -d multirun/scale_quick/$$(date +%Y-%m-%d_%H-%M-%S)-XXXX) && \
 	$(VENV)/bin/attnlab-train -m experiment=scale_quick hydra.sweep.dir=$$sweep && \
 	$(VENV)/bin/attnlab-report $$sweep
 

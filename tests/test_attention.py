@@ -22,7 +22,7 @@ def expected_tau(rule, d_k):
     return {"none": 1.0, "sqrt_dk": math.sqrt(d_k), "dk": float(d_k), "learned": math.sqrt(d_k)}.get(rule, rule)
 
 
-# --- SPEC §8 reference examples ---------------------------------------------------------
+# --- reference examples, by hand ---------------------------------------------------------
 
 
 def test_spec_example_weights_and_output():
@@ -182,3 +182,94 @@ def test_scaled_logit_std_at_init_follows_the_rule(rule, d_k):
         layer(torch.randn(8, 64, 256))
     predicted = {"none": math.sqrt(d_k), "sqrt_dk": 1.0, "dk": 1 / math.sqrt(d_k)}[rule]
     assert layer.logits.std().item() == pytest.approx(predicted, rel=0.15)
+
+
+# --- the API checks its inputs at the boundary ------------------------------------------
+
+
+def float_qkv(n=3, m=4, d_k=8, d_v=8, lead=(2, 2)):
+    return torch.randn(*lead, n, d_k), torch.randn(*lead, m, d_k), torch.randn(*lead, m, d_v)
+
+
+@pytest.mark.parametrize(
+    "change,error,expected",
+    [
+        (lambda q, k, v: (q, k[..., :5], v), ValueError, r"must share d_k; got q \(2, 2, 3, 8\), k \(2, 2, 4, 5\)"),
+        (lambda q, k, v: (q, k, v[..., :3, :]), ValueError, r"k \(..., m, d_k\) and v \(..., m, d_v\) must share m"),
+        (lambda q, k, v: (q[0, 0, 0], k, v), ValueError, r"shape \(..., length, dim\); got q \(8,\)"),
+        (lambda q, k, v: (q, k[:1].expand(3, 2, 4, 8), v), ValueError, r"matching leading \(batch, head\) dims"),
+    ],
+)
+def test_mismatched_shapes_name_the_arguments(change, error, expected):
+    with pytest.raises(error, match=expected):
+        attention(*change(*float_qkv()))
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_a_mask_of_the_wrong_shape_or_type_is_refused(need_weights):
+    q, k, v = float_qkv()
+    with pytest.raises(
+        ValueError, match=r"mask of shape \(3, 3\) does not broadcast to \(..., n, m\) = \(2, 2, 3, 4\)"
+    ):
+        attention(q, k, v, mask=torch.ones(3, 3, dtype=torch.bool), need_weights=need_weights)
+    with pytest.raises(TypeError, match=r"mask must be a bool tensor.*got torch.float32.*mask.bool\(\)"):
+        attention(q, k, v, mask=torch.ones(3, 4), causal=True, need_weights=need_weights)
+
+
+@pytest.mark.parametrize("tau", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_tau_that_is_not_finite_and_positive_is_refused(tau):
+    q, k, v = float_qkv()
+    with pytest.raises(ValueError, match=r"tau=.* is not valid; it must be a finite number > 0"):
+        attention(q, k, v, tau=tau)
+    with pytest.raises(ValueError, match=r"tau must be finite and > 0"):
+        attention(q, k, v, tau=torch.full((2, 1, 1), tau))
+    with pytest.raises(ValueError, match=r"is not valid"):
+        make_temperature(tau, 8, 2)
+
+
+def test_a_tau_tensor_that_does_not_broadcast_is_refused():
+    q, k, v = float_qkv()
+    with pytest.raises(ValueError, match=r"tau of shape \(3, 1, 1\) does not broadcast to q's shape"):
+        attention(q, k, v, tau=torch.ones(3, 1, 1))
+
+
+@pytest.mark.parametrize(
+    "kwargs,expected",
+    [
+        ({"n_heads": 0}, r"n_heads=0 is not valid; it must be a positive integer"),
+        ({"d_k": 0}, r"d_k=0 is not valid"),
+        ({"d_v": -2}, r"d_v=-2 is not valid"),
+        ({"d_v": 0}, r"d_v=0 is not valid"),
+        ({"d_model": 8.5}, r"d_model=8.5 is not valid"),
+    ],
+)
+def test_multihead_sizes_are_checked(kwargs, expected):
+    with pytest.raises(ValueError, match=expected):
+        MultiHeadAttention(**{"d_model": 8, "n_heads": 2, **kwargs})
+
+
+@pytest.mark.parametrize(
+    "kwargs,expected",
+    [
+        ({"dropout": 1.5}, r"dropout=1.5 is not valid; it must be a number in \[0, 1\)"),
+        ({"tau_init": 0.0}, r"tau_init=0.0 is not valid"),
+        ({"scale": "sqrt"}, r"scale='sqrt' is not valid; accepted values: none, sqrt_dk, dk, learned"),
+        ({"variant": "bilinear"}, r"variant='bilinear' is not a registered variant"),
+    ],
+)
+def test_attention_config_is_checked(kwargs, expected):
+    with pytest.raises(ValueError, match=expected):
+        AttentionConfig(**kwargs)
+
+
+def test_multihead_inputs_are_checked():
+    layer = MultiHeadAttention(d_model=8, n_heads=2)
+    x = torch.randn(2, 5, 8)
+    with pytest.raises(ValueError, match=r"x must have shape \(batch, length, d_model=8\); got \(2, 5, 6\)"):
+        layer(torch.randn(2, 5, 6))
+    with pytest.raises(ValueError, match=r"key_mask must be a bool tensor of shape \(batch, keys\) = \(2, 5\)"):
+        layer(x, key_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(4, 4\) does not broadcast"):
+        layer(x, attn_mask=torch.ones(4, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"x and source must share the batch size"):
+        layer(x, source=torch.randn(3, 5, 8))

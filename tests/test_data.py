@@ -193,3 +193,49 @@ def test_given_splits_are_kept_and_only_missing_ones_are_carved(tmp_path):
     splits = build_data(cfg, "transformer", seed=0, cache_dir=tmp_path / "cache").splits
     assert [len(splits[name]) for name in ("train", "validation", "test")] == [18, 3, 2]
     assert all(text.startswith("dev.jsonl") for text in splits["validation"]["src_text"])
+
+
+# --- data errors: named, with the fix, before training -------------------------------------
+
+
+def files_cfg(tmp_path, path):
+    return translation_cfg(tmp_path, source="files", files={"train": str(path)}, val_size=2, test_size=2)
+
+
+@pytest.mark.parametrize("content", [b"", b"\n  \n\n"], ids=["empty", "blank-lines"])
+def test_an_empty_data_file_is_named(tmp_path, content):
+    path = tmp_path / "pairs.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=rf"data.files.train='{path}' is empty; it should hold pairs.jsonl"):
+        build_data(files_cfg(tmp_path, path), "transformer", seed=0, cache_dir=tmp_path / "cache")
+
+
+def test_missing_columns_name_those_found_and_those_needed(tmp_path):
+    import json
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("\n".join(json.dumps({"en": f"line {i}", "es": f"línea {i}"}) for i in range(20)))
+    expected = r"has columns \['en', 'es'\] but needs src, tgt \(missing: src, tgt\); rename its fields to src, tgt"
+    with pytest.raises(ValueError, match=expected):
+        build_data(files_cfg(tmp_path, path), "transformer", seed=0, cache_dir=tmp_path / "cache")
+
+
+def test_a_file_that_is_not_utf8_is_named_with_the_byte_offset(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    good = b'{"src": "the house", "tgt": "la casa"}\n' * 10
+    path.write_bytes(good + '{"src": "year", "tgt": "año"}\n'.encode("latin-1"))
+    offset = len(good) + len('{"src": "year", "tgt": "a')
+    with pytest.raises(ValueError, match=rf"'{path}' is not UTF-8 text: undecodable byte 0xf1 at byte offset {offset}"):
+        build_data(files_cfg(tmp_path, path), "transformer", seed=0, cache_dir=tmp_path / "cache")
+
+
+def test_too_few_examples_for_one_batch_is_said_before_training(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"line {i}" for i in range(120)))
+    cfg = OmegaConf.load(ROOT / "conf/data/text.yaml")
+    cfg.files.train, cfg.block_size, cfg.vocab_size, cfg.val_size, cfg.test_size = str(corpus), 8, 300, 50, 50
+    with pytest.raises(ValueError, match=r"data.batch_size=32 exceeds the \d+ training examples of data=text"):
+        build_data(cfg, "lm", seed=0, cache_dir=tmp_path / "cache")
+    cfg.block_size, cfg.val_size, cfg.test_size = 64, 10, 10
+    with pytest.raises(ValueError, match=r"the validation split \(10 rows\) has fewer than data.block_size=64 tokens"):
+        build_data(cfg, "lm", seed=0, cache_dir=tmp_path / "cache")

@@ -173,7 +173,7 @@ def init_statistics(rule, d_k=256, n=16):
 
 
 def test_at_init_unscaled_logits_saturate_and_starve_the_typical_row():
-    """SPEC §1: unscaled, the logits' std is √d_k = 16, rows saturate and the gradient at
+    """Unscaled, the logits' std is √d_k = 16, rows saturate and the gradient at
     the logits vanishes for the typical row. Its RMS does not show this: the few rows whose
     top two logits nearly tie get large gradients and dominate the mean square."""
     stats = {rule: init_statistics(rule) for rule in ("none", "sqrt_dk", "dk")}

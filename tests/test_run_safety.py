@@ -16,6 +16,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from attnlab import wandb_records
+from attnlab.config import ConfigError
 from attnlab.lifecycle import CheckpointWriteError, Interrupted
 from attnlab.report import load
 from attnlab.rundir import read_run_file, unique_dir
@@ -77,7 +78,7 @@ def test_two_runs_and_two_sweeps_started_in_the_same_second_get_their_own_dirs_a
     sweep_base = "hydra.sweep.dir=${attnlab_unique_dir:multirun/clash/2026-12-01_09-00-00}"
     common = ["name=clash", "trainer.max_steps=2", "trainer.val_check_interval=2", "test=false", *TINY]
     procs = [start(run_base, *common, cwd=tmp_path) for _ in range(2)]
-    procs += [start("-m", sweep_base, "seed=0,1", *common, cwd=tmp_path) for _ in range(2)]
+    procs += [start("-m", sweep_base, "seed=0", *common, cwd=tmp_path) for _ in range(2)]
     for proc in procs:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-3000:]
@@ -86,7 +87,7 @@ def test_two_runs_and_two_sweeps_started_in_the_same_second_get_their_own_dirs_a
     sweeps = sorted((tmp_path / "multirun" / "clash").iterdir())
     assert [path.name for path in runs] == ["2026-12-01_09-00-00", "2026-12-01_09-00-00-1"]
     assert [path.name for path in sweeps] == ["2026-12-01_09-00-00", "2026-12-01_09-00-00-1"]
-    run_dirs = runs + [sweep / job for sweep in sweeps for job in ("0", "1")]
+    run_dirs = runs + [sweep / "0" for sweep in sweeps]
     ids = set()
     for run_dir in run_dirs:
         (run_file,) = wandb_run_files(run_dir)  # one W&B run per dir: nothing written twice
@@ -94,7 +95,7 @@ def test_two_runs_and_two_sweeps_started_in_the_same_second_get_their_own_dirs_a
         assert read_run_file(run_dir)["wandb_id"] == wandb_records.run_info(run_file)["id"]
         assert read_run_file(run_dir)["status"] == "finished"
         assert len(list((run_dir / "csv").iterdir())) == 1
-    assert len(ids) == len(run_dirs) == 6
+    assert len(ids) == len(run_dirs) == 4
 
 
 def test_a_copied_run_resumes_in_the_copy_with_its_own_wandb_run_and_the_original_untouched(tmp_path):
@@ -143,7 +144,6 @@ def finished_run(tmp_path_factory):
     "overrides,expected",
     [
         (["model.n_heads=8"], r"model.n_heads would not apply.*trainer.max_steps"),
-        (["data=reverse"], r"data would not apply"),
         (["-m"], r"resume= continues one run"),
         (["hydra.run.dir=elsewhere"], r"drop hydra.run.dir"),
     ],
@@ -157,6 +157,14 @@ def test_cli_resume_refuses_overrides_it_would_ignore_and_changes_nothing(finish
     assert re.search(expected, result.stderr), result.stderr[-2000:]
     assert checksums(finished_run) == before
     assert sorted(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("override", ["data=reverse", "attention.scale=none", "+model.extra=1"])
+def test_resume_refuses_overrides_in_process_too(finished_run, tmp_path, override):
+    before = checksums(finished_run)
+    with pytest.raises(ConfigError, match="would not apply"):
+        run_train(tmp_path / "ignored", f"resume={finished_run}", override, fast=False)
+    assert checksums(finished_run) == before
 
 
 def test_a_fresh_run_refuses_a_dir_that_already_holds_a_run(finished_run):
@@ -278,7 +286,7 @@ def test_sigterm_to_a_real_run_exits_143_and_resume_matches_an_uninterrupted_run
     assert f"Continue with: attnlab-train resume={stopped}" in err.strip().splitlines()[-1]
 
     assert cli("attnlab-train", f"resume={stopped}", cwd=tmp_path).returncode == 0
-    assert cli("attnlab-train", f"hydra.run.dir={straight}", *common, cwd=tmp_path).returncode == 0
+    run_train(straight, *common, fast=False)  # the same config, uninterrupted, in this process
     assert_same_weights(last_checkpoint(stopped), last_checkpoint(straight))
     ids = {wandb_records.run_info(path)["id"] for path in wandb_run_files(stopped)}
     assert len(ids) == 1  # the same W&B run, continued
@@ -352,23 +360,42 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_names_the_path(small_disk
 # --- bad input: clear errors, before anything is written -------------------------------------
 
 
-@pytest.mark.parametrize(
-    "override,expected",
-    [
-        ("attention.scale=inf", r"attention.scale=inf is not valid.*finite"),
-        ("model.n_layers=1.5", r"model.n_layers"),
-        ("model.d_k=16.5", r"model.d_k"),
-        ("seed=abc", r"seed"),
-        ("attention.dropout=1.5", r"attention.dropout=1.5 is not valid.*\[0, 1\)"),
-        ("+model.nheads=4", r"model.nheads is not a setting of model.*did you mean model.n_heads"),
-        ("model.n_heads=0", r"model.n_heads=0 is not valid.*positive integer"),
-        ("trainer.max_steps=-5", r"trainer.max_steps=-5 is not valid"),
-        ("optim.lr=nan", r"optim.lr=nan is not valid"),
-        ("optim.label_smoothing=1", r"optim.label_smoothing=1.0 is not valid"),
-        ("data.min_len=20", r"data.min_len=20 > data.max_len=12"),
-        ("trainer=gpu", r"trainer.accelerator='gpu' but torch sees no CUDA GPU.*trainer=cpu"),
-    ],
-)
+BAD_CONFIGS = [
+    ("attention.scale=inf", r"attention.scale=inf is not valid.*finite"),
+    ("model.n_layers=1.5", r"model.n_layers"),
+    ("model.d_k=16.5", r"model.d_k"),
+    ("seed=abc", r"seed"),
+    ("attention.dropout=1.5", r"attention.dropout=1.5 is not valid.*\[0, 1\)"),
+    ("+model.nheads=4", r"model.nheads is not a setting of model.*did you mean model.n_heads"),
+    ("model.n_heads=0", r"model.n_heads=0 is not valid.*positive integer"),
+    ("model.dropout=-0.1", r"model.dropout=-0.1 is not valid"),
+    ("trainer.max_steps=-5", r"trainer.max_steps=-5 is not valid"),
+    ("optim.lr=nan", r"optim.lr=nan is not valid"),
+    ("optim.label_smoothing=1", r"optim.label_smoothing=1.0 is not valid"),
+    ("optim.betas=[0.9,1.5]", r"optim.betas=\[0.9, 1.5\] is not valid"),
+    ("data.min_len=20", r"data.min_len=20 > data.max_len=12"),
+    ("callbacks.probes.every_n_steps=0", r"callbacks.probes.every_n_steps=0 is not valid"),
+    ("trainer=gpu", r"trainer.accelerator='gpu' but torch sees no CUDA GPU.*trainer=cpu"),
+]
+CLI_CASES = ("model.d_k=16.5", "attention.dropout=1.5", "+model.nheads=4", "trainer=gpu")
+
+
+@pytest.mark.parametrize("override,expected", BAD_CONFIGS, ids=[case[0] for case in BAD_CONFIGS])
+def test_bad_config_names_the_key_and_what_is_accepted(tmp_path, override, expected):
+    import re
+
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if override == "trainer=gpu" and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises((ConfigError, HydraException, OmegaConfBaseException)) as error:
+        run_train(tmp_path / "run", override)
+    assert re.search(expected, str(error.value)), str(error.value)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("override,expected", [case for case in BAD_CONFIGS if case[0] in CLI_CASES], ids=CLI_CASES)
 def test_cli_bad_config_is_one_clear_error_before_anything_is_written(tmp_path, override, expected):
     import re
 

@@ -1,4 +1,4 @@
-"""The contract every registered attention variant must keep (SPEC §2).
+"""The contract every registered attention variant must keep (README: "Adding a variant").
 
 It runs over attnlab.attention.VARIANTS, so a new variant is checked as soon as it is
 registered; REFERENCES holds independent implementations where one exists.

@@ -2,7 +2,7 @@
 
 Lightning's own launcher re-runs ``sys.argv`` for ranks 1..N-1. Under a Hydra multirun
 that argv holds ``-m`` and the whole sweep, so every child would run its own sweep in
-lock-step (SPEC §9). Instead rank 0 starts each child as a *single run* of this job's
+lock-step. Instead rank 0 starts each child as a *single run* of this job's
 saved, resolved config in this job's run dir, with the torchrun-style environment
 (LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Lightning sees LOCAL_RANK, knows
 the processes were created externally and launches nothing. Under SLURM (submitit

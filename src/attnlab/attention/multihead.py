@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -25,7 +26,7 @@ class AttentionConfig:
     """What ``conf/attention/*.yaml`` holds: which variant, which τ, its options."""
 
     variant: str = "dot"
-    scale: str | float = "sqrt_dk"
+    scale: Any = "sqrt_dk"  # a rule name (a key of TEMPERATURES) or a fixed divisor (a number)
     tau_init: float | None = None  # learned τ only; None = √d_k
     tau_per_head: bool = True  # learned τ only; False = one τ per layer
     dropout: float = 0.0  # on the attention weights
@@ -44,7 +45,7 @@ def default_d_k(d_model: int, n_heads: int) -> int:
         divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
         raise ValueError(
             f"d_model={d_model} is not divisible by n_heads={n_heads}, so d_k cannot default to "
-            f"d_model / n_heads; set d_k explicitly or use n_heads in {divisors}"
+            f"d_model / n_heads; set d_k=<size> explicitly or use n_heads in {divisors}"
         )
     return d_model // n_heads
 
@@ -94,7 +95,8 @@ class MultiHeadAttention(nn.Module):
 
     def reset_parameters(self) -> None:
         # LeCun-normal projections: unit-variance inputs give unit-variance q and k
-        # components whatever d_k is, so Var(q·k) = d_k at init, as SPEC §1 assumes.
+        # components whatever d_k is, so Var(q·k) = d_k at init, the premise of
+        # dividing by √d_k (Vaswani et al. 2017 §3.2.1).
         for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
             nn.init.normal_(proj.weight, std=1 / math.sqrt(proj.in_features))
             if proj.bias is not None:

@@ -50,7 +50,14 @@ def prepare(cfg: DictConfig):
     texts = read_texts(cfg)
     splits = fixed_splits(texts, cfg)
     tokenizer = train_tokenizer((row["text"] for row in splits["train"]), cfg.vocab_size)
-    return DatasetDict({name: blocks(rows, tokenizer, cfg.block_size) for name, rows in splits.items()}), tokenizer
+    cut = DatasetDict({name: blocks(rows, tokenizer, cfg.block_size) for name, rows in splits.items()})
+    for name, rows in cut.items():
+        if len(rows) == 0:
+            raise ValueError(
+                f"data=text: the {name} split ({len(splits[name])} rows) has fewer than data.block_size="
+                f"{cfg.block_size} tokens, so it makes no example; lower data.block_size or give it more text"
+            )
+    return cut, tokenizer
 
 
 def text_splits(cfg: DictConfig, cache_dir: Path) -> tuple[DatasetDict, Vocabulary]:

@@ -1,7 +1,7 @@
 """Lightning callbacks that look inside training every ``every_n_steps`` optimizer steps.
 
 Step 0 is always a probe step, so what the initialisation does is in the logs before
-the first optimizer step. Metric names follow SPEC §5, with the layer names of
+the first optimizer step. Metric names are those of the README's probe table, with the layer names of
 attnlab.models (``L0``; ``enc.L0``, ``dec.self.L0``, ``dec.cross.L0``):
 
     grad/global_norm, grad/norm/<parameter path>          GradientProbe

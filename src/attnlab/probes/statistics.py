@@ -1,6 +1,6 @@
 """What the probes measure in one attention layer, from its recorded logits and weights.
 
-With weights a = softmax(s) over the keys a query can see (SPEC §1):
+With weights a = softmax(s) over the keys a query can see:
 
 * entropy      H = −Σ_j a_j log a_j in nats (≤ log n_visible); also ÷ log n_visible
 * saturation   the fraction of query rows whose largest weight exceeds 0.99

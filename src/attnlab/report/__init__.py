@@ -6,7 +6,7 @@
 
 It finds the runs, works out which config keys vary, aggregates over seeds (mean ± std,
 n) and writes ``report.md`` plus PNG figures into ``--out`` (default: ``<first
-PATH>/report``). Failed, unfinished and missing runs are listed, never dropped silently.
+PATH>/report``). Unfinished, diverged, failed and missing runs are listed, never dropped silently.
 Python: ``load(paths)`` gives the runs and groups the notebooks plot.
 """
 
