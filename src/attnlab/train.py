@@ -159,7 +159,7 @@ def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
             if writes:
                 end_run(run_dir, "interrupted", trainer.global_step, interrupted.message)
                 finish_wandb(exit_code=interrupted.code, preempted=True)
-            print(interrupted.message, file=sys.stderr, flush=True)
+                print(interrupted.message, file=sys.stderr, flush=True)
             raise interrupted from None
         except BaseException as error:
             if writes:
