@@ -38,76 +38,81 @@ def check(function) -> dict:
 
 
 # --- the schema ----------------------------------------------------------------------
+# Types and ranges only: the default values live in conf/ (MISSING here = the YAML sets it).
 
 
 @dataclass
 class ModelSchema:
     """conf/model: the fields of attnlab.models.ModelConfig (ranges checked there) and the kind."""
 
-    kind: str = "transformer"
-    d_model: int = 64
-    n_heads: int = 4
-    d_k: int | None = None
-    d_v: int | None = None
-    d_ff: int = 256
-    n_layers: int = 2
-    dropout: float = 0.1
-    max_len: int = 256
-    pre_norm: bool = False
-    tie_embeddings: bool = True
+    kind: str = MISSING
+    d_model: int = MISSING
+    n_heads: int = MISSING
+    d_k: int | None = MISSING
+    d_v: int | None = MISSING
+    d_ff: int = MISSING
+    n_layers: int = MISSING
+    dropout: float = MISSING
+    max_len: int = MISSING
+    pre_norm: bool = MISSING
+    tie_embeddings: bool = MISSING
 
 
 @dataclass
 class OptimSchema:
-    name: str = "adam"
-    lr: float = field(default=3e-3, metadata=check(positive_number))
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    eps: float = field(default=1e-9, metadata=check(positive_number))
-    weight_decay: float = field(default=0.0, metadata=check(non_negative_number))
-    schedule: str = "inverse_sqrt"
-    warmup_steps: int = field(default=100, metadata=check(positive_int))
-    label_smoothing: float = field(default=0.1, metadata=check(probability))
+    name: str = MISSING
+    lr: float = field(default=MISSING, metadata=check(positive_number))
+    betas: list[float] = MISSING
+    eps: float = field(default=MISSING, metadata=check(positive_number))
+    weight_decay: float = field(default=MISSING, metadata=check(non_negative_number))
+    schedule: str = MISSING
+    warmup_steps: int = field(default=MISSING, metadata=check(positive_int))
+    label_smoothing: float = field(default=MISSING, metadata=check(probability))
 
 
 @dataclass
 class TrainerSchema:
-    """Lightning Trainer arguments (passed as they are). Training is counted in optimizer steps."""
+    """Lightning Trainer arguments (passed as they are). Training is counted in optimizer steps.
 
-    accelerator: str = "cpu"
-    devices: Any = 1
-    strategy: str = "auto"
-    precision: Any = "32-true"
-    max_steps: int = field(default=600, metadata=check(positive_int))
+    conf/trainer/cpu.yaml sets the first group; the rest keep Lightning's defaults."""
+
+    accelerator: str = MISSING
+    devices: Any = MISSING
+    strategy: str = MISSING
+    precision: Any = MISSING
+    max_steps: int = field(default=MISSING, metadata=check(positive_int))
+    val_check_interval: int = field(default=MISSING, metadata=check(positive_int))
+    check_val_every_n_epoch: int | None = MISSING
+    log_every_n_steps: int = field(default=MISSING, metadata=check(positive_int))
+    gradient_clip_val: float | None = field(
+        default=MISSING, metadata=check(lambda n, v: non_negative_number(n, v, True))
+    )
+    num_sanity_val_steps: int = field(default=MISSING, metadata=check(non_negative_int))
+    enable_progress_bar: bool = MISSING
+    enable_model_summary: bool = MISSING
+    deterministic: bool = MISSING
     min_steps: int | None = None
-    val_check_interval: int = field(default=200, metadata=check(positive_int))
-    check_val_every_n_epoch: int | None = None
-    log_every_n_steps: int = field(default=10, metadata=check(positive_int))
-    gradient_clip_val: float | None = field(default=1.0, metadata=check(lambda n, v: non_negative_number(n, v, True)))
     gradient_clip_algorithm: str | None = None
     accumulate_grad_batches: int = field(default=1, metadata=check(positive_int))
     limit_val_batches: Any = None
     limit_test_batches: Any = None
-    num_sanity_val_steps: int = field(default=0, metadata=check(non_negative_int))
     num_nodes: int = field(default=1, metadata=check(positive_int))
-    enable_progress_bar: bool = True
-    enable_model_summary: bool = False
-    deterministic: bool = False
 
 
 @dataclass
 class ProbesSchema:
-    enabled: bool = True
-    every_n_steps: int = field(default=50, metadata=check(positive_int))
-    gradients: bool = True
-    attention: bool = True
-    temperature: bool = True
-    chunk_size: int = field(default=256, metadata=check(positive_int))
+    enabled: bool = MISSING
+    every_n_steps: int = field(default=MISSING, metadata=check(positive_int))
+    gradients: bool = MISSING
+    attention: bool = MISSING
+    temperature: bool = MISSING
+    chunk_size: int = field(default=MISSING, metadata=check(positive_int))
 
 
 @dataclass
 class CallbacksSchema:
-    checkpoint_every_n_steps: int = field(default=100, metadata=check(positive_int))
-    probes: ProbesSchema = field(default_factory=ProbesSchema)
+    checkpoint_every_n_steps: int = field(default=MISSING, metadata=check(positive_int))
+    probes: ProbesSchema = MISSING
 
 
 @dataclass
@@ -125,93 +130,92 @@ class DataSchema:
     """What every data config has."""
 
     name: str = MISSING
-    batch_size: int = field(default=64, metadata=check(positive_int))
+    batch_size: int = field(default=MISSING, metadata=check(positive_int))
     eval_batch_size: int | None = field(default=None, metadata=check(lambda n, v: positive_int(n, v, True)))
     num_workers: int = field(default=0, metadata=check(non_negative_int))
 
 
 @dataclass
 class SyntheticSchema(DataSchema):
-    vocab: int = field(default=16, metadata=check(positive_int))
-    min_len: int = field(default=4, metadata=check(positive_int))
-    max_len: int = field(default=12, metadata=check(positive_int))
-    train_size: int = field(default=10000, metadata=check(positive_int))
-    val_size: int = field(default=500, metadata=check(positive_int))
-    test_size: int = field(default=500, metadata=check(positive_int))
+    vocab: int = field(default=MISSING, metadata=check(positive_int))
+    min_len: int = field(default=MISSING, metadata=check(positive_int))
+    max_len: int = field(default=MISSING, metadata=check(positive_int))
+    train_size: int = field(default=MISSING, metadata=check(positive_int))
+    val_size: int = field(default=MISSING, metadata=check(positive_int))
+    test_size: int = field(default=MISSING, metadata=check(positive_int))
     seed: int | None = None  # null = the run's seed
 
 
 @dataclass
 class FilesSchema:
-    train: str | None = None
-    validation: str | None = None
-    test: str | None = None
+    train: str | None = MISSING
+    validation: str | None = MISSING
+    test: str | None = MISSING
 
 
 @dataclass
 class CorpusSchema(DataSchema):
     """Real text: where it comes from, its fixed splits and its BPE."""
 
-    source: str = "files"
-    files: FilesSchema = field(default_factory=FilesSchema)
-    vocab_size: int = field(default=8000, metadata=check(positive_int))
-    val_size: int = field(default=500, metadata=check(positive_int))
-    test_size: int = field(default=500, metadata=check(positive_int))
-    split_seed: int = 0
+    source: str = MISSING
+    files: FilesSchema = MISSING
+    vocab_size: int = field(default=MISSING, metadata=check(positive_int))
+    val_size: int = field(default=MISSING, metadata=check(positive_int))
+    test_size: int = field(default=MISSING, metadata=check(positive_int))
+    split_seed: int = MISSING
 
 
 @dataclass
 class TranslationHubSchema:
-    name: str = "wmt14"
-    subset: str | None = "de-en"
-    source_lang: str = "en"
-    target_lang: str = "de"
+    name: str = MISSING
+    subset: str | None = MISSING
+    source_lang: str = MISSING
+    target_lang: str = MISSING
 
 
 @dataclass
 class TranslationSchema(CorpusSchema):
-    source: str = "sword"
     sword_dir: str = MISSING
-    source_module: str = "engWEB2015eb"
-    target_module: str = "spaRV1909eb"
-    hub: TranslationHubSchema = field(default_factory=TranslationHubSchema)
-    max_ratio: float = field(default=2.0, metadata=check(positive_number))
-    max_tokens: int = field(default=96, metadata=check(positive_int))
-    bleu_batches: int = field(default=2, metadata=check(non_negative_int))
+    source_module: str = MISSING
+    target_module: str = MISSING
+    hub: TranslationHubSchema = MISSING
+    max_ratio: float = field(default=MISSING, metadata=check(positive_number))
+    max_tokens: int = field(default=MISSING, metadata=check(positive_int))
+    bleu_batches: int = field(default=MISSING, metadata=check(non_negative_int))
 
 
 @dataclass
 class TextHubSchema:
-    name: str = "wikitext"
-    subset: str | None = "wikitext-2-raw-v1"
-    text_column: str = "text"
+    name: str = MISSING
+    subset: str | None = MISSING
+    text_column: str = MISSING
 
 
 @dataclass
 class TextSchema(CorpusSchema):
-    hub: TextHubSchema = field(default_factory=TextHubSchema)
-    vocab_size: int = field(default=4000, metadata=check(positive_int))
-    block_size: int = field(default=64, metadata=check(positive_int))
+    hub: TextHubSchema = MISSING
+    vocab_size: int = field(default=MISSING, metadata=check(positive_int))
+    block_size: int = field(default=MISSING, metadata=check(positive_int))
 
 
 @dataclass
 class TrainSchema:
     """conf/train.yaml: the run's own keys, and one typed node per config group."""
 
-    name: str = "default"
-    seed: int = 0
-    resume: str | None = None
-    test: bool = True
-    optimized_metric: str = "val/loss"
+    name: str = MISSING
+    seed: int = MISSING
+    resume: str | None = MISSING
+    test: bool = MISSING
+    optimized_metric: str = MISSING
     run_dir: str = MISSING
     cache_dir: str = MISSING
-    attention: AttentionConfig = field(default_factory=AttentionConfig)
-    model: ModelSchema = field(default_factory=ModelSchema)
+    attention: AttentionConfig = MISSING
+    model: ModelSchema = MISSING
     data: Any = MISSING  # each conf/data/*.yaml extends its own schema
-    optim: OptimSchema = field(default_factory=OptimSchema)
-    trainer: TrainerSchema = field(default_factory=TrainerSchema)
-    logger: LoggerSchema = field(default_factory=LoggerSchema)
-    callbacks: CallbacksSchema = field(default_factory=CallbacksSchema)
+    optim: OptimSchema = MISSING
+    trainer: TrainerSchema = MISSING
+    logger: LoggerSchema = MISSING
+    callbacks: CallbacksSchema = MISSING
 
 
 def register_schemas() -> None:
