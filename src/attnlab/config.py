@@ -219,8 +219,13 @@ class TrainSchema:
 
 
 def register_schemas() -> None:
+    """schema/train (conf/train.yaml extends it) types every group's node; each group's schema
+    is also stored on its own, for configs of yours to extend (``- /schema/model@_here_``)."""
     store = ConfigStore.instance()
-    store.store(group="schema", name="train", node=TrainSchema)
+    groups = {"train": TrainSchema, "attention": AttentionConfig, "model": ModelSchema, "optim": OptimSchema,
+              "trainer": TrainerSchema, "logger": LoggerSchema, "callbacks": CallbacksSchema}  # fmt: skip
+    for name, node in groups.items():
+        store.store(group="schema", name=name, node=node)
     for name, node in {"synthetic": SyntheticSchema, "translation": TranslationSchema, "text": TextSchema}.items():
         store.store(group="schema/data", name=name, node=node)
 
