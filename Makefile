@@ -18,7 +18,7 @@ export WANDB_DATA_DIR := $(ATTNLAB_CACHE)/wandb-data
 export MPLCONFIGDIR := $(ATTNLAB_CACHE)/matplotlib
 export TORCHINDUCTOR_CACHE_DIR := $(ATTNLAB_CACHE)/inductor
 
-.PHONY: install demo test test-slow lint bench corpus clean
+.PHONY: install demo test test-slow lint bench corpus slurm-packages clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -58,6 +58,12 @@ $(SWORD)/usr/share/sword/mods.d:
 	mkdir -p $(SWORD)/debs
 	cd $(SWORD)/debs && apt-get download sword-text-web sword-text-sparv
 	for deb in $(SWORD)/debs/*.deb; do dpkg-deb -x $$deb $(SWORD); done
+
+# Debian's SLURM (Slurm 22.05) and munge, for the `slurm` tests' throw-away local cluster
+# (root; without them those tests skip, saying so).
+slurm-packages:
+	apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null || \
+	  (apt-get update -qq && apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null)
 
 clean:
 	rm -rf $(VENV) .cache outputs multirun .pytest_cache

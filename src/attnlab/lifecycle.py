@@ -13,6 +13,10 @@
   the run with ``Interrupted`` (exit code 128 + signal: 143, 130) and one line saying how
   to resume. A second signal stops at once. Lightning's own SIGTERM flag carries the stop
   to every DDP rank at the same step.
+  Under SLURM, USR1 and USR2 (the job's ``--signal``: submitit's time-limit signal, and
+  what SLURM sends on preemption) take the same path, then hand over to submitit's
+  requeue (which counts time-outs against ``max_num_timeout``) or ``scontrol requeue``:
+  the restarted job continues from that ``last.ckpt`` in the same run dir (``train.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import io
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -31,10 +36,21 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # under SLURM: save, then requeue
+
+
+def under_slurm() -> bool:
+    return SLURMEnvironment.detect()
+
+
+def slurm_job_id() -> str:
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    return f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ["SLURM_JOB_ID"]
 
 
 class CheckpointWriteError(OSError):
@@ -151,7 +167,8 @@ class GracefulStop(Callback):
     def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
         if stage == "fit" and threading.current_thread() is threading.main_thread():
             self.trainer = trainer
-            self.previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}  # before fit
+            signals = STOP_SIGNALS + (REQUEUE_SIGNALS if under_slurm() else ())
+            self.previous = {signum: signal.getsignal(signum) for signum in signals}  # before fit
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
         # After Lightning installed its own SIGTERM handler (which stops mid-validation): ours replaces it.
@@ -165,8 +182,10 @@ class GracefulStop(Callback):
 
     def handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
-        if self.signum is not None:  # the second signal: stop now
-            self.teardown(self.trainer, None, "fit")
+        if self.signum is not None:
+            if self.requeues:  # SLURM's SIGTERM after its USR signal: already stopping
+                return
+            self.teardown(self.trainer, None, "fit")  # the second signal: stop now
             raise KeyboardInterrupt(f"{name} received twice: stopping without saving")
         self.signum = signum
         print(f"attnlab: {name} received: saving a checkpoint after this step (send it again to stop at once)",
@@ -214,5 +233,21 @@ class GracefulStop(Callback):
             if self.saved_step is not None
             else f"training had finished (step {step})"
         )
-        message = f"attnlab: stopped by {name}; {saved}. Continue with: attnlab-train resume={run_dir}"
+        if self.requeues:
+            message = f"attnlab: {name} under SLURM; {saved}. Requeueing: the job continues from there"
+        else:
+            message = f"attnlab: stopped by {name}; {saved}. Continue with: attnlab-train resume={run_dir}"
         return Interrupted(signum, message)
+
+    @property
+    def requeues(self) -> bool:
+        return self.signum in REQUEUE_SIGNALS
+
+    def requeue(self) -> None:
+        """After saving: submitit's own handler decides (it counts time-outs against
+        max_num_timeout, requeues and exits, or fails the job); else scontrol requeue."""
+        handler = self.previous.get(signal.SIGUSR2)
+        if getattr(handler, "__name__", "") == "checkpoint_and_try_requeue":
+            handler(signal.SIGUSR2, None)
+        elif int(os.environ.get("SLURM_PROCID", "0")) == 0:
+            subprocess.run(["scontrol", "requeue", slurm_job_id()], check=False, timeout=60)

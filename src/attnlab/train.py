@@ -20,13 +20,21 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.config import validate
 from attnlab.data import DATASETS, build_data
 from attnlab.distributed import Workers
-from attnlab.lifecycle import AtomicCheckpointIO, BestCheckpoint, GracefulStop, LastCheckpoint, MetricsCSVLogger
+from attnlab.lifecycle import (
+    AtomicCheckpointIO,
+    BestCheckpoint,
+    GracefulStop,
+    LastCheckpoint,
+    MetricsCSVLogger,
+    under_slurm,
+)
 from attnlab.probes import build_probes
 from attnlab.rundir import check_resume, end_run, run_dir_for, start_run, unique_dir
 from attnlab.runs import flatten
@@ -47,10 +55,9 @@ def is_rank_zero() -> bool:
     return all(os.environ.get(var, "0") == "0" for var in ("LOCAL_RANK", "RANK", "SLURM_PROCID"))
 
 
-def resumed_config(cfg: DictConfig) -> DictConfig:
-    """With resume=DIR, the run's own saved config, running in DIR; overrides as check_resume allows."""
-    overrides = HydraConfig.get().overrides.task
-    run_dir = check_resume(cfg.resume, overrides)
+def resumed_config(cfg: DictConfig, resume: str, overrides) -> DictConfig:
+    """The run's own saved config, running in ``resume``; overrides as check_resume allows."""
+    run_dir = check_resume(str(resume), overrides)
     resumed = OmegaConf.load(run_dir / "config.yaml")
     resumed.resume = str(run_dir)
     resumed.run_dir = str(run_dir.resolve())  # here, wherever the run first lived
@@ -108,19 +115,32 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
 def finish_wandb(exit_code: int, preempted: bool = False) -> None:
     import wandb
 
-    if wandb.run is not None:
+    if wandb.run is None:
+        return
+    try:
         if preempted:
             wandb.run.mark_preempting()
         wandb.run.finish(exit_code=exit_code)
+    except Exception as error:  # e.g. SLURM's SIGTERM stopped W&B's service first: what it wrote is kept
+        print(f"attnlab: W&B could not finish the run cleanly ({exception_line(error)})", file=sys.stderr)
 
 
 def exception_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}".splitlines()[0][:500]
 
 
+def restarted_slurm_job(run_dir: Path) -> bool:
+    """A SLURM job started again (requeued: preemption, time limit, scontrol requeue) whose
+    run dir already holds a checkpoint: it continues from there."""
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    return restarts > 0 and (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
 def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
-    if cfg.resume:
-        cfg = resumed_config(cfg)
+    if not cfg.resume and restarted_slurm_job(Path(cfg.run_dir)):
+        cfg = resumed_config(cfg, cfg.run_dir, overrides=())  # the job's own overrides made that config
+    elif cfg.resume:
+        cfg = resumed_config(cfg, cfg.resume, HydraConfig.get().overrides.task)
     validate(cfg, DATASETS)
     run_dir = Path(cfg.run_dir)
     config_file = run_dir / "config.yaml"
@@ -146,7 +166,8 @@ def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
                 default_root_dir=run_dir,
                 callbacks=callbacks,
                 logger=loggers or False,
-                plugins=[AtomicCheckpointIO()],
+                # Under SLURM, attnlab saves and requeues on USR1/USR2 itself (lifecycle.py), not Lightning.
+                plugins=[AtomicCheckpointIO(), *([SLURMEnvironment(auto_requeue=False)] if under_slurm() else [])],
                 use_distributed_sampler=False,  # the data module shards its own stream
             )
             last = run_dir / "checkpoints" / "last.ckpt"
@@ -160,6 +181,8 @@ def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
                 end_run(run_dir, "interrupted", trainer.global_step, interrupted.message)
                 finish_wandb(exit_code=interrupted.code, preempted=True)
                 print(interrupted.message, file=sys.stderr, flush=True)
+            if stop.requeues:
+                stop.requeue()  # submitit requeues and exits (or fails the job: time-outs used up)
             raise interrupted from None
         except BaseException as error:
             if writes:

@@ -1,0 +1,153 @@
+"""attnlab-train on a real SLURM cluster: a throw-away single node (tests/slurm_cluster.py),
+through the launcher preset users get (hydra/launcher=slurm_cpu, submitit).
+
+Skipped, with the reason, where Debian's slurmctld/slurmd/slurm-client/munge are not
+installed (``.ci/run`` installs them) or the tests do not run as root.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab import wandb_records
+from attnlab.report import load
+from attnlab.rundir import read_run_file
+from helpers import FAST_DATA, run_train, wandb_run_files
+from slurm_cluster import SlurmCluster, missing_packages
+
+pytestmark = pytest.mark.slurm
+
+TRAIN = Path(sys.executable).parent / "attnlab-train"
+ON_SLURM = ["hydra/launcher=slurm_cpu", "trainer.enable_progress_bar=false", *FAST_DATA]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    missing = missing_packages()
+    if missing:
+        install = "apt-get install slurmctld slurmd slurm-client munge"
+        pytest.skip(f"no SLURM here ({', '.join(missing)} not found): {install}")
+    if os.geteuid() != 0:
+        pytest.skip("the local SLURM cluster runs as root (SlurmUser=root)")
+    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as started:
+        yield started
+
+
+def sweep(cluster, sweep_dir, *overrides, timeout=300) -> subprocess.Popen:
+    return subprocess.Popen(
+        [str(TRAIN), "-m", f"hydra.sweep.dir={sweep_dir}", *ON_SLURM, *overrides],
+        env=cluster.env, cwd=sweep_dir.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"the sweep did not end within {timeout} s: {err[-3000:]}")
+    return proc.returncode, err
+
+
+def job_log(sweep_dir: Path) -> str:
+    return "\n".join(path.read_text() for path in sorted((sweep_dir / ".submitit").rglob("*_log.*")))
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"the sweep ended early: {proc.communicate()[1][-3000:]}"
+        assert time.monotonic() < deadline, f"{path} did not appear within {timeout} s"
+        time.sleep(0.2)
+
+
+def test_a_two_job_sweep_gives_two_run_dirs_and_two_wandb_runs(cluster, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    code, err = finish(sweep(cluster, sweep_dir, "attention.scale=none,dk", "trainer.max_steps=6",
+                             "trainer.val_check_interval=3", "logger=wandb"))  # fmt: skip
+    assert code == 0, err[-3000:] + job_log(sweep_dir)[-3000:]
+    ids = set()
+    for job in ("0", "1"):
+        (run_file,) = wandb_run_files(sweep_dir / job)
+        ids.add(wandb_records.run_info(run_file)["id"])
+        assert read_run_file(sweep_dir / job)["status"] == "finished"
+    assert len(ids) == 2
+    report = load([sweep_dir])
+    assert [run.status for run in report.runs] == ["finished", "finished"]
+    assert sorted(run.config["attention.scale"] for run in report.runs) == ["dk", "none"]
+
+
+REQUEUED = ["trainer.max_steps=60", "trainer.val_check_interval=20", "callbacks.checkpoint_every_n_steps=5",
+            "model.dropout=0.1", "logger=wandb", "test=false"]  # fmt: skip
+
+
+def test_usr1_saves_requeues_and_the_job_ends_as_if_never_interrupted(cluster, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep(cluster, sweep_dir, *REQUEUED)
+    wait_for(sweep_dir / "0" / "checkpoints" / "last.ckpt", proc)
+    (job,) = [job for job, state in cluster.jobs().items() if state == "RUNNING"]
+    cluster.run(["scancel", "--signal=USR1", job])
+    code, err = finish(proc)
+    log = job_log(sweep_dir)
+    assert code == 0, err[-3000:] + log[-3000:]
+    assert "Requeueing" in log and "Restored all states" in log
+
+    run_dir = sweep_dir / "0"
+    record = read_run_file(run_dir)
+    assert record["status"] == "finished" and record["step"] == 60
+    straight = tmp_path / "straight"
+    run_train(straight, *REQUEUED, "trainer.enable_progress_bar=false", *FAST_DATA, fast=False)
+    resumed = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    expected = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=False)
+    assert resumed["global_step"] == expected["global_step"] == 60
+    for name, tensor in expected["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][name], tensor), name
+
+    files = sorted(wandb_run_files(run_dir))  # one per start, in start order
+    assert len(files) == 2 and len({wandb_records.run_info(path)["id"] for path in files}) == 1
+    steps = [row["trainer/global_step"] for path in files for row in wandb_records.history(path)
+             if "train/loss" in row]  # fmt: skip
+    assert steps == sorted(steps) and steps[-1] >= 58  # the steps continue, never restart at 0
+
+
+def test_ddp_with_two_tasks_in_one_job_gives_one_run_dir_and_one_wandb_run(cluster, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    code, err = finish(sweep(cluster, sweep_dir, "trainer=ddp_cpu", "trainer.max_steps=4",
+                             "trainer.val_check_interval=2", "logger=wandb"))  # fmt: skip
+    log = job_log(sweep_dir)
+    assert code == 0, err[-3000:] + log[-3000:]
+    assert sorted(path.name for path in sweep_dir.iterdir() if not path.name.startswith(".")) == ["0", "multirun.yaml"]
+    assert len(wandb_run_files(sweep_dir / "0")) == 1
+    assert "MEMBER: 2/2" in log or "WORLD_SIZE: 2" in log
+    assert read_run_file(sweep_dir / "0")["status"] == "finished"
+
+
+def test_a_crashing_job_fails_the_sweep_and_the_other_keeps_its_results(cluster, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    started = time.monotonic()
+    code, err = finish(sweep(cluster, sweep_dir, "optim.lr=1e-3,1e30", "optim.warmup_steps=1",
+                             "trainer.gradient_clip_val=null", "trainer.max_steps=30", "trainer.log_every_n_steps=1",
+                             "trainer.val_check_interval=10", "logger=csv"))  # fmt: skip
+    assert code != 0 and time.monotonic() - started < 300
+    assert "diverged" in err + job_log(sweep_dir)
+    assert read_run_file(sweep_dir / "0")["status"] == "finished"
+    assert read_run_file(sweep_dir / "1")["status"] == "diverged"
+
+
+def test_the_cluster_is_stopped_by_pid(tmp_path):
+    """The harness itself: daemons up, then gone, with nothing left running."""
+    if missing_packages() or os.geteuid() != 0:
+        pytest.skip("no SLURM here")
+    cluster = SlurmCluster(tmp_path / "c").start()
+    pids = [proc.pid for proc in cluster._popen.values()]
+    cluster.stop()
+    assert all(not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+               for pid in pids)  # fmt: skip
+    shutil.rmtree(tmp_path / "c", ignore_errors=True)
