@@ -406,3 +406,44 @@ def test_cli_bad_config_is_one_clear_error_before_anything_is_written(tmp_path, 
     assert re.search(expected, result.stderr), result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert sorted(tmp_path.iterdir()) == []  # no run dir, no outputs/
+
+
+# --- DDP: resume on every rank, and a rank that dies ----------------------------------------
+
+DDP = ["trainer=ddp_cpu", "trainer.val_check_interval=4", "callbacks.checkpoint_every_n_steps=4", "model.dropout=0.1",
+       "logger=csv", "test=false", *TINY]  # fmt: skip
+
+
+def process_ids() -> list[int]:
+    return [int(pid) for pid in os.listdir("/proc") if pid.isdigit()]
+
+
+def environ_of(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:  # gone, or not ours to read
+        return b""
+
+
+def test_ddp_resume_restores_every_rank_and_ends_as_an_uninterrupted_run(tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    for run_dir, steps in ((straight, 8), (resumed, 4)):
+        result = cli("attnlab-train", f"hydra.run.dir={run_dir}", f"trainer.max_steps={steps}", *DDP, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+    result = cli("attnlab-train", f"resume={resumed}", "trainer.max_steps=8", cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_weights(last_checkpoint(resumed), last_checkpoint(straight))
+    assert read_run_file(resumed)["status"] == "finished"
+
+
+def test_a_dead_ddp_rank_fails_the_run_within_seconds_naming_it(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(f"hydra.run.dir={run_dir}", "trainer.max_steps=100000", *DDP, cwd=tmp_path)
+    wait_for(run_dir / "checkpoints" / "last.ckpt", proc)
+    rank1 = next(pid for pid in process_ids() if f"ATTNLAB_DDP_PARENT={proc.pid}".encode() in environ_of(pid))
+    os.kill(rank1, signal.SIGKILL)
+    killed = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and time.monotonic() - killed < 60
+    assert f"DDP rank 1 exited with code -9; see its log {run_dir / 'rank1.log'}" in err
+    assert read_run_file(run_dir)["status"] == "failed"

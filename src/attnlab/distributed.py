@@ -15,11 +15,15 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from lightning.pytorch.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+
+from attnlab.rundir import end_run, read_run_file
 
 DDP_ENV = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -41,16 +45,49 @@ def free_port() -> int:
 
 
 class Workers:
-    """Context manager: rank 0 starts ranks 1..N-1, and on exit waits for (or stops) them."""
+    """Context manager: rank 0 starts ranks 1..N-1, and on exit waits for (or stops) them.
+
+    A rank that dies leaves the others waiting in a collective for good, so each side
+    watches the other: rank 0 ends the job within seconds of a rank's death, naming its
+    log; a rank whose rank 0 is gone exits.
+    """
 
     def __init__(self, trainer_cfg: dict, run_dir: Path, config_file: Path, resume: bool = False):
         self.n = ddp_processes(trainer_cfg)
         self.run_dir, self.config_file, self.resume = run_dir, config_file, resume
+        self.max_steps = trainer_cfg.get("max_steps")
         self.procs: list[subprocess.Popen] = []
+        self.closing = threading.Event()
         external = "LOCAL_RANK" in os.environ or SLURMEnvironment.detect() or TorchElasticEnvironment.detect()
         self.active = self.n > 1 and not external
 
+    def watch_ranks(self) -> None:
+        while not self.closing.wait(1.0):
+            for rank, proc in enumerate(self.procs, start=1):
+                # 0: done; 130/143: stopped by a signal together with rank 0, which is stopping too.
+                if proc.poll() is None or proc.returncode in (0, 130, 143) or self.closing.is_set():
+                    continue
+                log = self.run_dir / f"rank{rank}.log"
+                reason = f"DDP rank {rank} exited with code {proc.returncode}; see its log {log}"
+                print(f"attnlab: {reason}. Stopping the run (the other ranks would wait for it forever).",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                end_run(self.run_dir, "failed", read_run_file(self.run_dir).get("step", 0), reason)
+                for other in self.procs:
+                    other.kill()
+                os._exit(1)
+
+    @staticmethod
+    def watch_parent(parent: int) -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                print("attnlab: DDP rank 0 is gone; this rank stops", file=sys.stderr, flush=True)
+                os._exit(1)
+
     def __enter__(self) -> Workers:
+        parent = os.environ.get("ATTNLAB_DDP_PARENT")
+        if parent and int(parent) == os.getppid():
+            threading.Thread(target=self.watch_parent, args=(int(parent),), daemon=True).start()
         if not self.active:
             return self
         env = {
@@ -68,14 +105,18 @@ class Workers:
                 f"hydra.run.dir={self.run_dir}",
                 "hydra.output_subdir=null",  # rank 0 alone writes the run's files
                 f"hydra.job.name=rank{rank}",
-                *([f"resume={self.run_dir}"] if self.resume else []),  # every rank restores last.ckpt
+                # every rank restores last.ckpt, and runs to the same (possibly extended) max_steps
+                *([f"resume={self.run_dir}", f"trainer.max_steps={self.max_steps}"] if self.resume else []),
             ]  # fmt: skip
-            self.procs.append(subprocess.Popen(command, env={**os.environ, "LOCAL_RANK": str(rank)}))
+            child_env = {**os.environ, "LOCAL_RANK": str(rank), "ATTNLAB_DDP_PARENT": str(os.getpid())}
+            self.procs.append(subprocess.Popen(command, env=child_env))
+        threading.Thread(target=self.watch_ranks, daemon=True).start()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if not self.active:
             return
+        self.closing.set()
         for proc in self.procs:
             if exc_type is not None:
                 proc.kill()
