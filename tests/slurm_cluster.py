@@ -51,7 +51,12 @@ class SlurmCluster:
         self.root = Path(root)
         self.host = socket.gethostname().split(".")[0]
         self.cpus = cpus
-        self.partitions = partitions or f"PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP"
+        # Two partitions on the one node: a job in "high" preempts (requeues) one in "low",
+        # which first gets its --signal and GraceTime seconds to save.
+        self.partitions = partitions or "\n".join([
+            f"PartitionName=low Nodes={self.host} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=30",
+            f"PartitionName=high Nodes={self.host} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF",
+        ])  # fmt: skip
         self.procs: dict[str, int] = {}
         self.conf = self.root / "slurm.conf"
         bin_dir = self.root / "bin"
@@ -99,7 +104,8 @@ class SlurmCluster:
                     "ReturnToService=2",
                     "MinJobAge=3600",  # finished jobs stay visible to squeue (our sacct)
                     "KillWait=30",
-                    "SchedulerType=sched/builtin",  # schedules at once, a requeued job included
+                    "SchedulerType=sched/builtin",
+                    "SchedulerParameters=sched_interval=1",  # a requeued job starts once its BeginTime passes
                     "PreemptType=preempt/partition_prio",
                     "PreemptMode=REQUEUE",
                     "SlurmctldParameters=preempt_send_user_signal",

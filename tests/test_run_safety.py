@@ -377,7 +377,7 @@ BAD_CONFIGS = [
     ("callbacks.probes.every_n_steps=0", r"callbacks.probes.every_n_steps=0 is not valid"),
     ("trainer=gpu", r"trainer.accelerator='gpu' but torch sees no CUDA GPU.*trainer=cpu"),
 ]
-CLI_CASES = ("model.d_k=16.5", "attention.dropout=1.5", "+model.nheads=4", "trainer=gpu")
+CLI_CASES = ("model.d_k=16.5", "+model.nheads=4", "trainer=gpu")
 
 
 @pytest.mark.parametrize("override,expected", BAD_CONFIGS, ids=[case[0] for case in BAD_CONFIGS])

@@ -68,11 +68,20 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
         time.sleep(0.2)
 
 
-def test_a_two_job_sweep_gives_two_run_dirs_and_two_wandb_runs(cluster, tmp_path):
+def test_a_two_job_ddp_sweep_gives_two_run_dirs_each_with_one_wandb_run(cluster, tmp_path):
+    # Two jobs, each DDP over 2 tasks (tasks_per_node follows trainer.devices): one run dir
+    # and one W&B run per job, not per rank.
     sweep_dir = tmp_path / "sweep"
-    code, err = finish(sweep(cluster, sweep_dir, "attention.scale=none,dk", "trainer.max_steps=6",
-                             "trainer.val_check_interval=3", "logger=wandb"))  # fmt: skip
-    assert code == 0, err[-3000:] + job_log(sweep_dir)[-3000:]
+    code, err = finish(sweep(cluster, sweep_dir, "trainer=ddp_cpu", "attention.scale=none,dk", "trainer.max_steps=4",
+                             "trainer.val_check_interval=2", "logger=wandb"))  # fmt: skip
+    log = job_log(sweep_dir)
+    assert code == 0, err[-3000:] + log[-3000:]
+    assert sorted(path.name for path in sweep_dir.iterdir() if not path.name.startswith(".")) == [
+        "0",
+        "1",
+        "multirun.yaml",
+    ]
+    assert "MEMBER: 2/2" in log or "WORLD_SIZE: 2" in log
     ids = set()
     for job in ("0", "1"):
         (run_file,) = wandb_run_files(sweep_dir / job)
@@ -84,56 +93,68 @@ def test_a_two_job_sweep_gives_two_run_dirs_and_two_wandb_runs(cluster, tmp_path
     assert sorted(run.config["attention.scale"] for run in report.runs) == ["dk", "none"]
 
 
-REQUEUED = ["trainer.max_steps=60", "trainer.val_check_interval=20", "callbacks.checkpoint_every_n_steps=5",
+REQUEUED = ["trainer.max_steps=200", "trainer.val_check_interval=50", "callbacks.checkpoint_every_n_steps=10",
             "model.dropout=0.1", "logger=wandb", "test=false"]  # fmt: skip
 
 
-def test_usr1_saves_requeues_and_the_job_ends_as_if_never_interrupted(cluster, tmp_path):
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The same config run straight through, in this process: the weights a requeued job must end with."""
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    run_train(run_dir, *REQUEUED, "trainer.enable_progress_bar=false", *FAST_DATA, fast=False)
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+
+
+def wait_until(ready, proc: subprocess.Popen, what: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, f"the sweep ended early: {proc.communicate()[1][-3000:]}"
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.2)
+
+
+def test_usr1_and_a_real_preemption_requeue_and_the_job_ends_as_if_never_interrupted(cluster, tmp_path, uninterrupted):
     sweep_dir = tmp_path / "sweep"
+    run_dir, last = sweep_dir / "0", sweep_dir / "0" / "checkpoints" / "last.ckpt"
     proc = sweep(cluster, sweep_dir, *REQUEUED)
-    wait_for(sweep_dir / "0" / "checkpoints" / "last.ckpt", proc)
+    wait_for(last, proc)
+    first_start = read_run_file(run_dir)["started"]
     (job,) = [job for job, state in cluster.jobs().items() if state == "RUNNING"]
-    cluster.run(["scancel", "--signal=USR1", job])
+    cluster.run(["scancel", "--signal=USR1", job])  # what --signal sends before a time limit
+
+    # The requeued job starts again, resumes, and saves a checkpoint of its own ...
+    def restarted():
+        record = read_run_file(run_dir)
+        started = record.get("started", first_start)
+        return record.get("status") == "running" and started != first_start and last.stat().st_mtime > time.time() - 2
+
+    wait_until(restarted, proc, "the requeued job to start again and checkpoint")
+    # ... then a job in the higher-priority partition wants the whole node: SLURM preempts it.
+    high = ["sbatch", "-p", "high", "-c", str(cluster.cpus), "-o", str(tmp_path / "high.out"), "--wrap", "sleep 2"]
+    cluster.run(high)
     code, err = finish(proc)
     log = job_log(sweep_dir)
     assert code == 0, err[-3000:] + log[-3000:]
-    assert "Requeueing" in log and "Restored all states" in log
+    assert log.count("Requeueing") == 2 and log.count("Restored all states") == 2
 
-    run_dir = sweep_dir / "0"
     record = read_run_file(run_dir)
-    assert record["status"] == "finished" and record["step"] == 60
-    straight = tmp_path / "straight"
-    run_train(straight, *REQUEUED, "trainer.enable_progress_bar=false", *FAST_DATA, fast=False)
-    resumed = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
-    expected = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=False)
-    assert resumed["global_step"] == expected["global_step"] == 60
-    for name, tensor in expected["state_dict"].items():
+    assert record["status"] == "finished" and record["step"] == 200
+    resumed = torch.load(last, weights_only=False)
+    assert resumed["global_step"] == uninterrupted["global_step"] == 200
+    for name, tensor in uninterrupted["state_dict"].items():
         assert torch.equal(resumed["state_dict"][name], tensor), name
-
     files = sorted(wandb_run_files(run_dir))  # one per start, in start order
-    assert len(files) == 2 and len({wandb_records.run_info(path)["id"] for path in files}) == 1
+    assert len(files) == 3 and len({wandb_records.run_info(path)["id"] for path in files}) == 1
     steps = [row["trainer/global_step"] for path in files for row in wandb_records.history(path)
              if "train/loss" in row]  # fmt: skip
-    assert steps == sorted(steps) and steps[-1] >= 58  # the steps continue, never restart at 0
-
-
-def test_ddp_with_two_tasks_in_one_job_gives_one_run_dir_and_one_wandb_run(cluster, tmp_path):
-    sweep_dir = tmp_path / "sweep"
-    code, err = finish(sweep(cluster, sweep_dir, "trainer=ddp_cpu", "trainer.max_steps=4",
-                             "trainer.val_check_interval=2", "logger=wandb"))  # fmt: skip
-    log = job_log(sweep_dir)
-    assert code == 0, err[-3000:] + log[-3000:]
-    assert sorted(path.name for path in sweep_dir.iterdir() if not path.name.startswith(".")) == ["0", "multirun.yaml"]
-    assert len(wandb_run_files(sweep_dir / "0")) == 1
-    assert "MEMBER: 2/2" in log or "WORLD_SIZE: 2" in log
-    assert read_run_file(sweep_dir / "0")["status"] == "finished"
+    assert steps == sorted(steps) and steps[-1] >= 190  # the steps continue, never restart at 0
 
 
 def test_a_crashing_job_fails_the_sweep_and_the_other_keeps_its_results(cluster, tmp_path):
     sweep_dir = tmp_path / "sweep"
     started = time.monotonic()
     code, err = finish(sweep(cluster, sweep_dir, "optim.lr=1e-3,1e30", "optim.warmup_steps=1",
-                             "trainer.gradient_clip_val=null", "trainer.max_steps=30", "trainer.log_every_n_steps=1",
+                             "trainer.gradient_clip_val=null", "trainer.max_steps=10", "trainer.log_every_n_steps=1",
                              "trainer.val_check_interval=10", "logger=csv"))  # fmt: skip
     assert code != 0 and time.monotonic() - started < 300
     assert "diverged" in err + job_log(sweep_dir)
@@ -151,3 +172,33 @@ def test_the_cluster_is_stopped_by_pid(tmp_path):
     assert all(not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
                for pid in pids)  # fmt: skip
     shutil.rmtree(tmp_path / "c", ignore_errors=True)
+
+
+@pytest.mark.slow  # SLURM's time limits come in whole minutes: run by `make test-slow` (and CI)
+def test_a_time_limit_hit_more_often_than_max_num_timeout_fails_the_job(cluster, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    # 2 minutes per start, the signal 70 s before its end; one requeue allowed, the second time-out fails.
+    proc = sweep(cluster, sweep_dir, "trainer.max_steps=100000", "trainer.val_check_interval=1000",
+                 "callbacks.checkpoint_every_n_steps=20", "logger=csv", "hydra.launcher.timeout_min=2",
+                 "hydra.launcher.signal_delay_s=70", "hydra.launcher.max_num_timeout=1")  # fmt: skip
+    code, err = finish(proc, timeout=600)
+    log = job_log(sweep_dir)
+    assert code != 0, err[-3000:]
+    assert log.count("Requeueing") == 2 and "timed-out too many times" in log + err
+    record = read_run_file(sweep_dir / "0")
+    assert record["status"] == "interrupted" and record["step"] > 0  # saved, then reported failed
+
+
+@pytest.mark.parametrize("launcher,devices,gpus", [("slurm", 4, 4), ("slurm_cpu", 2, None)])
+def test_the_presets_ask_for_one_task_per_device_from_trainer_devices(launcher, devices, gpus):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from attnlab.train import CONF_DIR
+
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        cfg = compose("train", [f"hydra/launcher={launcher}", f"trainer.devices={devices}", "trainer.num_nodes=2"],
+                      return_hydra_config=True)  # fmt: skip
+    params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    assert params["tasks_per_node"] == devices and params["gpus_per_node"] == gpus and params["nodes"] == 2
+    assert params["signal_delay_s"] > 0 and params["max_num_timeout"] >= 1

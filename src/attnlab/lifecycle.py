@@ -234,7 +234,7 @@ class GracefulStop(Callback):
             else f"training had finished (step {step})"
         )
         if self.requeues:
-            message = f"attnlab: {name} under SLURM; {saved}. Requeueing: the job continues from there"
+            message = f"attnlab: {name} under SLURM; {saved}. Requeueing the job: it continues from there"
         else:
             message = f"attnlab: stopped by {name}; {saved}. Continue with: attnlab-train resume={run_dir}"
         return Interrupted(signum, message)

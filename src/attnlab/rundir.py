@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from attnlab.config import ConfigError
 
@@ -185,6 +185,13 @@ class Preflight(Callback):
     def check_sweep(config: DictConfig) -> None:
         if config.resume:
             raise ConfigError("resume= continues one run: run it without -m (once per job dir to resume)")
+        launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
+        devices = config.trainer.devices
+        if launcher.endswith("SlurmLauncher") and not (isinstance(devices, int) and devices > 0):
+            raise ConfigError(
+                f"trainer.devices={devices!r}: on SLURM it is the number of tasks (and GPUs) per node, "
+                "which SLURM must be asked for; set trainer.devices=<N>"
+            )
         if "hydra.sweep.dir" in override_keys(config.hydra.overrides.hydra):
             sweep_dir = Path(str(config.hydra.sweep.dir))
             if (sweep_dir / "multirun.yaml").exists():
