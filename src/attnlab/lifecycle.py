@@ -161,19 +161,31 @@ class GracefulStop(Callback):
         self.previous: dict = {}
         self.trainer: L.Trainer | None = None
         self.saved_step: int | None = None
+        self.usr1_default = None
+        if under_slurm() and threading.current_thread() is threading.main_thread():
+            # A USR1 while the data loads would kill the job (its default action): hold it
+            # until training starts, then stop at the first step. (USR2 is submitit's.)
+            self.usr1_default = signal.signal(signal.SIGUSR1, self.hold)
 
     # --- signal handling --------------------------------------------------------------
+
+    def hold(self, signum: int, frame) -> None:
+        self.signum = signum
 
     def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
         if stage == "fit" and threading.current_thread() is threading.main_thread():
             self.trainer = trainer
             signals = STOP_SIGNALS + (REQUEUE_SIGNALS if under_slurm() else ())
             self.previous = {signum: signal.getsignal(signum) for signum in signals}  # before fit
+            if self.usr1_default is not None:
+                self.previous[signal.SIGUSR1] = self.usr1_default
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
         # After Lightning installed its own SIGTERM handler (which stops mid-validation): ours replaces it.
         for signum in self.previous:
             signal.signal(signum, self.handle)
+        if self.signum is not None:  # held since before training: stop after the first step
+            self.stop_lightning(True)
 
     def teardown(self, trainer: L.Trainer, pl_module, stage: str) -> None:
         for signum, handler in self.previous.items():

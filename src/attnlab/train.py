@@ -102,13 +102,12 @@ def build_loggers(cfg: DictConfig, run_dir: Path, flat_config: dict, wandb_id: s
     return loggers
 
 
-def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
+def build_callbacks(cfg: DictConfig, run_dir: Path, stop: GracefulStop) -> list:
     """best.ckpt at each validation (by optimized_metric), last.ckpt every few steps and at
     the last step (which validates), saving on SIGTERM/SIGINT, and the probes."""
     checkpoints = run_dir / "checkpoints"
     best = BestCheckpoint(dirpath=checkpoints, filename="best", monitor=cfg.optimized_metric, mode="min", save_top_k=1)
-    last = checkpoints / "last.ckpt"
-    ends = [LastCheckpoint(last, cfg.callbacks.checkpoint_every_n_steps), GracefulStop(last)]
+    ends = [LastCheckpoint(checkpoints / "last.ckpt", cfg.callbacks.checkpoint_every_n_steps), stop]
     return [best, *ends, *build_probes(cfg.callbacks.get("probes"))]
 
 
@@ -153,14 +152,15 @@ def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
     resolved = OmegaConf.to_container(cfg, resolve=True)
 
     with Workers(resolved["trainer"], run_dir, config_file, resume=bool(cfg.resume)):
-        trainer, stop = None, None
+        trainer = None
+        last = run_dir / "checkpoints" / "last.ckpt"
+        stop = GracefulStop(last)  # before the data loads: under SLURM it holds an early USR1
         try:
             L.seed_everything(cfg.seed, workers=True)
             data = build_data(cfg.data, cfg.model.kind, cfg.seed, Path(cfg.cache_dir))
             task = SequenceTask(resolved, data.vocab)
             loggers = build_loggers(cfg, run_dir, flatten(resolved), record["wandb_id"]) if writes else []
-            callbacks = [*build_callbacks(cfg, run_dir), *extra_callbacks]
-            stop = next(callback for callback in callbacks if isinstance(callback, GracefulStop))
+            callbacks = [*build_callbacks(cfg, run_dir, stop), *extra_callbacks]
             trainer = L.Trainer(
                 **resolved["trainer"],
                 default_root_dir=run_dir,
@@ -170,7 +170,6 @@ def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
                 plugins=[AtomicCheckpointIO(), *([SLURMEnvironment(auto_requeue=False)] if under_slurm() else [])],
                 use_distributed_sampler=False,  # the data module shards its own stream
             )
-            last = run_dir / "checkpoints" / "last.ckpt"
             trainer.fit(task, datamodule=data, ckpt_path=str(last) if cfg.resume else None)
             best = trainer.checkpoint_callback  # the first ModelCheckpoint: by optimized_metric
             if cfg.test:
