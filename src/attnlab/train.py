@@ -36,7 +36,7 @@ from attnlab.lifecycle import (
     under_slurm,
 )
 from attnlab.probes import build_probes
-from attnlab.rundir import check_resume, end_run, run_dir_for, start_run, unique_dir
+from attnlab.rundir import ON_RESUME, check_resume, end_run, override_keys, run_dir_for, start_run, unique_dir
 from attnlab.runs import flatten
 from attnlab.task import SequenceTask
 
@@ -61,10 +61,8 @@ def resumed_config(cfg: DictConfig, resume: str, overrides) -> DictConfig:
     resumed = OmegaConf.load(run_dir / "config.yaml")
     resumed.resume = str(run_dir)
     resumed.run_dir = str(run_dir.resolve())  # here, wherever the run first lived
-    given = {override.split("=", 1)[0].lstrip("+~") for override in overrides}
-    for key in ("trainer.max_steps", "trainer.enable_progress_bar"):
-        if key in given:
-            OmegaConf.update(resumed, key, OmegaConf.select(cfg, key))
+    for key in set(override_keys(overrides)) & set(ON_RESUME):
+        OmegaConf.update(resumed, key, OmegaConf.select(cfg, key))
     return resumed
 
 
