@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,3 +71,16 @@ def cli(*args, cwd=ROOT, timeout=600):
         timeout=timeout,
         env=os.environ.copy(),
     )
+
+
+def wait_until(ready, proc: subprocess.Popen, what: str, timeout: float = 180) -> None:
+    """Poll ``ready()`` while ``proc`` runs; fail with its stderr if it ends first, or on time-out."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, f"the command ended before {what}: {proc.communicate()[1][-3000:]}"
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.2)
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
+    wait_until(path.exists, proc, f"{path} to appear", timeout)

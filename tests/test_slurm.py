@@ -18,7 +18,7 @@ import torch
 from attnlab import wandb_records
 from attnlab.report import load
 from attnlab.rundir import read_run_file
-from helpers import FAST_DATA, run_train, wandb_run_files
+from helpers import FAST_DATA, run_train, wait_for, wait_until, wandb_run_files
 from slurm_cluster import SlurmCluster, missing_packages
 
 pytestmark = pytest.mark.slurm
@@ -60,14 +60,6 @@ def job_log(sweep_dir: Path) -> str:
     return "\n".join(path.read_text() for path in sorted((sweep_dir / ".submitit").rglob("*_log.*")))
 
 
-def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, f"the sweep ended early: {proc.communicate()[1][-3000:]}"
-        assert time.monotonic() < deadline, f"{path} did not appear within {timeout} s"
-        time.sleep(0.2)
-
-
 def test_a_two_job_ddp_sweep_gives_two_run_dirs_each_with_one_wandb_run(cluster, tmp_path):
     # Two jobs, each DDP over 2 tasks (tasks_per_node follows trainer.devices): one run dir
     # and one W&B run per job, not per rank.
@@ -103,14 +95,6 @@ def uninterrupted(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("straight") / "run"
     run_train(run_dir, *REQUEUED, "trainer.enable_progress_bar=false", *FAST_DATA, fast=False)
     return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
-
-
-def wait_until(ready, proc: subprocess.Popen, what: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert proc.poll() is None, f"the sweep ended early: {proc.communicate()[1][-3000:]}"
-        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
-        time.sleep(0.2)
 
 
 def test_usr1_and_a_real_preemption_requeue_and_the_job_ends_as_if_never_interrupted(cluster, tmp_path, uninterrupted):

@@ -61,19 +61,27 @@ class Workers:
         external = "LOCAL_RANK" in os.environ or SLURMEnvironment.detect() or TorchElasticEnvironment.detect()
         self.active = self.n > 1 and not external
 
-    def watch_ranks(self) -> None:
-        while not self.closing.wait(1.0):
-            for rank, proc in enumerate(self.procs, start=1):
-                # 0: done; 130/143: stopped by a signal together with rank 0, which is stopping too.
-                if proc.poll() is None or proc.returncode in (0, 130, 143) or self.closing.is_set():
-                    continue
+    def dead_rank(self) -> str | None:
+        """Which rank died, naming its log; None while all live (or ended well, or stopped with rank 0)."""
+        for rank, proc in enumerate(self.procs, start=1):
+            # 0: done; 130/143: stopped by a signal together with rank 0, which is stopping too.
+            if proc.poll() is not None and proc.returncode not in (0, 130, 143):
                 log = self.run_dir / f"rank{rank}.log"
-                reason = f"DDP rank {rank} exited with code {proc.returncode}; see its log {log}"
-                print(f"attnlab: {reason}. Stopping the run (the other ranks would wait for it forever).",
-                      file=sys.stderr, flush=True)  # fmt: skip
-                end_run(self.run_dir, "failed", read_run_file(self.run_dir).get("step", 0), reason)
-                for other in self.procs:
-                    other.kill()
+                return f"DDP rank {rank} exited with code {proc.returncode}; see its log {log}"
+        return None
+
+    def fail(self, reason: str) -> None:
+        print(f"attnlab: {reason}. Stopping the run.", file=sys.stderr, flush=True)
+        end_run(self.run_dir, "failed", read_run_file(self.run_dir).get("step", 0), reason)
+
+    def watch_ranks(self) -> None:
+        """Rank 0 blocked in a collective with a dead rank would wait for good: end it."""
+        while not self.closing.wait(1.0):
+            reason = self.dead_rank()
+            if reason and not self.closing.is_set():
+                self.fail(reason)
+                for proc in self.procs:
+                    proc.kill()
                 os._exit(1)
 
     @staticmethod
@@ -117,10 +125,14 @@ class Workers:
         if not self.active:
             return
         self.closing.set()
+        reason = self.dead_rank() if exc_type is not None else None  # rank 0 may fail first on the lost peer
         for proc in self.procs:
             if exc_type is not None:
                 proc.kill()
             proc.wait()
+        if reason:
+            self.fail(reason)
+            raise RuntimeError(reason) from exc
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()  # the next job of a sweep builds its own group
         for key in DDP_ENV:
