@@ -186,3 +186,30 @@ def test_the_presets_ask_for_one_task_per_device_from_trainer_devices(launcher, 
     params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
     assert params["tasks_per_node"] == devices and params["gpus_per_node"] == gpus and params["nodes"] == 2
     assert params["signal_delay_s"] > 0 and params["max_num_timeout"] >= 1
+
+
+def test_two_nodes_two_tasks_each_lightning_reads_the_ranks_slurm_gives(monkeypatch):
+    """The environment of task 3 of a 2-node × 2-task job, as srun sets it: the Trainer that
+    trainer=ddp_cpu trainer.num_nodes=2 builds takes its ranks from it, and attnlab agrees."""
+    import lightning as L
+
+    from attnlab.lifecycle import under_slurm
+    from attnlab.train import is_rank_zero
+
+    slurm = {"SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "2", "SLURM_PROCID": "3",
+             "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_NODELIST": "node[7-8]", "SLURM_JOB_ID": "42",
+             "SLURM_JOB_NAME": "attnlab"}  # fmt: skip
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MASTER_ADDR", "")  # recorded, so that what Lightning sets is undone after the test
+    monkeypatch.delenv("MASTER_ADDR")  # Lightning sets it from the node list
+    monkeypatch.setattr(shutil, "which", lambda name, *args, **kwargs: None)  # no srun warning here
+    trainer = L.Trainer(accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", logger=False)
+    assert under_slurm()
+    assert (trainer.global_rank, trainer.local_rank, trainer.node_rank, trainer.world_size) == (3, 1, 1, 4)
+    assert trainer.strategy.cluster_environment.main_address == "node7"
+    assert not is_rank_zero()
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    monkeypatch.setenv("SLURM_NODEID", "0")
+    assert is_rank_zero()
