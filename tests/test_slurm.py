@@ -192,9 +192,17 @@ def test_two_nodes_two_tasks_each_lightning_reads_the_ranks_slurm_gives(monkeypa
     """The environment of task 3 of a 2-node × 2-task job, as srun sets it: the Trainer that
     trainer=ddp_cpu trainer.num_nodes=2 builds takes its ranks from it, and attnlab agrees."""
     import lightning as L
+    from lightning.fabric.utilities import rank_zero as fabric_rank_zero
+    from lightning_utilities.core import rank_zero as utilities_rank_zero
 
     from attnlab.lifecycle import under_slurm
     from attnlab.train import is_rank_zero
+
+    # The Trainer sets this process's rank (module-wide) and MASTER_* variables: undone after the test,
+    # or every later run in this process would think it is rank 3 and log nothing.
+    for module in (fabric_rank_zero, utilities_rank_zero):
+        monkeypatch.setattr(module.rank_zero_only, "rank", module.rank_zero_only.rank)
+    monkeypatch.setattr(os, "environ", os.environ.copy())
 
     slurm = {"SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "2", "SLURM_PROCID": "3",
              "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_NODELIST": "node[7-8]", "SLURM_JOB_ID": "42",
