@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from attnlab.attention import AttentionConfig
 from attnlab.checks import non_negative_int, non_negative_number, positive_int, positive_number, probability
+from attnlab.models import ModelConfig
 
 
 class ConfigError(CompactHydraException, ValueError):
@@ -41,21 +43,13 @@ def check(function) -> dict:
 # Types and ranges only: the default values live in conf/ (MISSING here = the YAML sets it).
 
 
-@dataclass
-class ModelSchema:
-    """conf/model: the fields of attnlab.models.ModelConfig (ranges checked there) and the kind."""
-
-    kind: str = MISSING
-    d_model: int = MISSING
-    n_heads: int = MISSING
-    d_k: int | None = MISSING
-    d_v: int | None = MISSING
-    d_ff: int = MISSING
-    n_layers: int = MISSING
-    dropout: float = MISSING
-    max_len: int = MISSING
-    pre_norm: bool = MISSING
-    tie_embeddings: bool = MISSING
+# conf/model: model.kind, then the fields of attnlab.models.ModelConfig (it checks their ranges)
+# but the two that come from elsewhere: vocab_size (the data) and attention (its own group).
+_model_hints = typing.get_type_hints(ModelConfig)
+_model_fields = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("vocab_size", "attention")]
+ModelSchema = dataclasses.make_dataclass(
+    "ModelSchema", [("kind", str, MISSING)] + [(name, _model_hints[name], MISSING) for name in _model_fields]
+)
 
 
 @dataclass
@@ -274,7 +268,7 @@ def check_node(node: DictConfig, path: str) -> None:
 
 def validate(cfg: DictConfig, datasets: dict) -> None:
     """Everything a run config must satisfy that Hydra's types cannot say."""
-    from attnlab.models import MODELS, ModelConfig
+    from attnlab.models import MODELS
     from attnlab.optim import OPTIMIZERS, SCHEDULES
 
     check_node(cfg, "")

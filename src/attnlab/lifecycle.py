@@ -40,6 +40,8 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from attnlab.rundir import atomic_write
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # under SLURM: save, then requeue
 
@@ -95,15 +97,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path.parent.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()  # serialise first: a disk error then surfaces as an OSError on write
         torch.save(checkpoint, buffer)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
-            with open(tmp, "wb") as file:
-                file.write(buffer.getbuffer())
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(tmp, path)
+            atomic_write(path, buffer.getvalue())
         except OSError as error:
-            tmp.unlink(missing_ok=True)
             kept = f"the previous {path.name} is intact" if path.exists() else "no earlier checkpoint existed"
             message = disk_error(error, "checkpoint", path).strerror
             raise CheckpointWriteError(

@@ -54,15 +54,23 @@ def run_dir_for(resume: str | None, fresh: str) -> str:
     return str(resume) if resume else unique_dir(fresh)
 
 
-def write_json(path: Path, data: dict) -> None:
-    """Atomically: a crash or a full disk leaves the previous file, never half of one."""
+def atomic_write(path: Path, data: bytes | str) -> None:
+    """Write a temp file beside ``path``, flush it to disk, rename it over ``path``: a crash or
+    a full disk leaves the previous file, never half of one (the temp file is removed)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        with open(tmp, "wb") as file:
+            file.write(data.encode() if isinstance(data, str) else data)
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(tmp, path)
     except OSError:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_json(path: Path, data: dict) -> None:
+    atomic_write(path, json.dumps(data, indent=2) + "\n")
 
 
 def read_run_file(run_dir: str | Path) -> dict:

@@ -19,6 +19,7 @@ import hydra
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from lightning.fabric.utilities.rank_zero import _get_rank
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -36,7 +37,16 @@ from attnlab.lifecycle import (
     under_slurm,
 )
 from attnlab.probes import build_probes
-from attnlab.rundir import ON_RESUME, check_resume, end_run, override_keys, run_dir_for, start_run, unique_dir
+from attnlab.rundir import (
+    ON_RESUME,
+    atomic_write,
+    check_resume,
+    end_run,
+    override_keys,
+    run_dir_for,
+    start_run,
+    unique_dir,
+)
 from attnlab.runs import flatten
 from attnlab.task import SequenceTask
 
@@ -52,7 +62,8 @@ OmegaConf.register_new_resolver(
 
 
 def is_rank_zero() -> bool:
-    return all(os.environ.get(var, "0") == "0" for var in ("LOCAL_RANK", "RANK", "SLURM_PROCID"))
+    """Lightning's reading of the rank (RANK, LOCAL_RANK, SLURM_PROCID …), before any Trainer exists."""
+    return (_get_rank() or 0) == 0
 
 
 def resumed_config(cfg: DictConfig, resume: str, overrides) -> DictConfig:
@@ -145,7 +156,7 @@ def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
     if writes:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not cfg.resume:
-            save_config(cfg, config_file)
+            atomic_write(config_file, OmegaConf.to_yaml(cfg, resolve=True))  # half a config: unresumable
         record = start_run(run_dir, resumed=bool(cfg.resume))
     resolved = OmegaConf.to_container(cfg, resolve=True)
 
@@ -192,13 +203,6 @@ def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
             finish_wandb(exit_code=0)
     score = best.best_model_score
     return float(score) if score is not None else float("nan")
-
-
-def save_config(cfg: DictConfig, path: Path) -> None:
-    """config.yaml, written atomically (a half-written one would make the run unresumable)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    OmegaConf.save(cfg, tmp, resolve=True)
-    os.replace(tmp, path)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")

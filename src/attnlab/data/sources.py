@@ -70,6 +70,13 @@ def load_files(
     return loaded if len(loaded) > 1 else loaded["train"]
 
 
+def from_source(cfg: DictConfig, sources: dict):
+    """Rows from ``sources[data.source]`` (each corpus lists where it can come from)."""
+    if cfg.source not in sources:
+        raise ValueError(f"data.source={cfg.source!r} is not valid; accepted values: {', '.join(sources)}")
+    return sources[cfg.source](cfg)
+
+
 def load_hub(hub: DictConfig, offline_instead: str) -> DatasetDict:
     try:
         return load_dataset(hub.name, hub.subset)

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from attnlab.data.cache import cached_splits, train_tokenizer
 from attnlab.data.module import Vocabulary
-from attnlab.data.sources import fixed_splits, load_files, load_hub
+from attnlab.data.sources import fixed_splits, from_source, load_files, load_hub
 from attnlab.data.synthetic import EOS
 
 
@@ -30,14 +30,6 @@ def texts_from_hub(cfg: DictConfig) -> DatasetDict:
 SOURCES = {"files": texts_from_files, "hub": texts_from_hub}
 
 
-def read_texts(cfg: DictConfig) -> Dataset | DatasetDict:
-    if cfg.source not in SOURCES:
-        raise ValueError(
-            f"data.source={cfg.source!r} is not valid for data=text; accepted values: {', '.join(SOURCES)}"
-        )
-    return SOURCES[cfg.source](cfg)
-
-
 def blocks(rows: Dataset, tokenizer, block_size: int) -> Dataset:
     stream: list[int] = []
     for encoding in tokenizer.encode_batch([text for text in rows["text"] if text.strip()]):
@@ -47,7 +39,7 @@ def blocks(rows: Dataset, tokenizer, block_size: int) -> Dataset:
 
 
 def prepare(cfg: DictConfig):
-    texts = read_texts(cfg)
+    texts = from_source(cfg, SOURCES)
     splits = fixed_splits(texts, cfg)
     tokenizer = train_tokenizer((row["text"] for row in splits["train"]), cfg.vocab_size)
     cut = DatasetDict({name: blocks(rows, tokenizer, cfg.block_size) for name, rows in splits.items()})

@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 
 from attnlab.data.cache import cached_splits, train_tokenizer
 from attnlab.data.module import Vocabulary
-from attnlab.data.sources import SPLITS, fixed_splits, load_files, load_hub
+from attnlab.data.sources import SPLITS, fixed_splits, from_source, load_files, load_hub
 
 SWORD_HELP = (
     "the SWORD modules are not in {sword_dir}. Fetch them once with `make corpus`, or by hand:\n"
@@ -129,14 +129,8 @@ def pairs_from_hub(cfg: DictConfig) -> DatasetDict:
 SOURCES = {"sword": pairs_from_sword, "files": pairs_from_files, "hub": pairs_from_hub}
 
 
-def read_pairs(cfg: DictConfig) -> Dataset | DatasetDict:
-    if cfg.source not in SOURCES:
-        raise ValueError(f"data.source={cfg.source!r} is not valid; accepted values: {', '.join(SOURCES)}")
-    return SOURCES[cfg.source](cfg)
-
-
 def prepare(cfg: DictConfig):
-    pairs = read_pairs(cfg)
+    pairs = from_source(cfg, SOURCES)
     keep = {"fn_kwargs": {"max_ratio": cfg.max_ratio}}
     if isinstance(pairs, DatasetDict):
         pairs = DatasetDict({split: rows.filter(plausible, **keep) for split, rows in pairs.items()})
