@@ -24,7 +24,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.config import ConfigError
+from attnlab.config import ConfigError, validate
 
 RUN_FILE = "run.json"
 # Overrides that may come with resume=: all others would silently not apply (the run keeps
@@ -171,8 +171,7 @@ class Preflight(Callback):
 
     @staticmethod
     def check_run(config: DictConfig) -> None:
-        from attnlab.config import validate
-        from attnlab.data import DATASETS
+        from attnlab.data import DATASETS  # datasets is heavy; attnlab-report reads run.json without it
 
         hydra_keys = override_keys(config.hydra.overrides.hydra)
         if config.resume:  # the run's own config is checked once loaded

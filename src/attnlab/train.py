@@ -19,7 +19,6 @@ import hydra
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from lightning.fabric.utilities.rank_zero import _get_rank
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -62,8 +61,8 @@ OmegaConf.register_new_resolver(
 
 
 def is_rank_zero() -> bool:
-    """Lightning's reading of the rank (RANK, LOCAL_RANK, SLURM_PROCID …), before any Trainer exists."""
-    return (_get_rank() or 0) == 0
+    """Rank 0 by every variable a launcher sets (torchrun/DDP children, SLURM), before any Trainer exists."""
+    return all(os.environ.get(var, "0") == "0" for var in ("LOCAL_RANK", "RANK", "SLURM_PROCID"))
 
 
 def resumed_config(cfg: DictConfig, resume: str, overrides) -> DictConfig:
