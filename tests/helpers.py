@@ -84,3 +84,17 @@ def wait_until(ready, proc: subprocess.Popen, what: str, timeout: float = 180) -
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
     wait_until(path.exists, proc, f"{path} to appear", timeout)
+
+
+def processes_with(*variables: str) -> list[int]:
+    """The pids of processes whose environment holds every one of ``variables`` ("NAME=value")."""
+    wanted = [f"\0{variable}\0".encode() for variable in variables]
+    found = []
+    for pid in (int(entry) for entry in os.listdir("/proc") if entry.isdigit()):
+        try:
+            environ = b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        if all(variable in environ for variable in wanted):
+            found.append(pid)
+    return found

@@ -21,7 +21,7 @@ from attnlab.lifecycle import CheckpointWriteError, Interrupted
 from attnlab.report import load
 from attnlab.rundir import read_run_file, unique_dir
 from attnlab.runs import read_metrics, series
-from helpers import FAST_DATA, cli, run_train, wait_for, wandb_run_files
+from helpers import FAST_DATA, cli, processes_with, run_train, wait_for, wandb_run_files
 
 TRAIN = Path(sys.executable).parent / "attnlab-train"
 QUIET = ["trainer.enable_progress_bar=false"]
@@ -406,17 +406,6 @@ DDP = ["trainer=ddp_cpu", "trainer.val_check_interval=4", "callbacks.checkpoint_
        "logger=csv", "test=false", *TINY]  # fmt: skip
 
 
-def process_ids() -> list[int]:
-    return [int(pid) for pid in os.listdir("/proc") if pid.isdigit()]
-
-
-def environ_of(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:  # gone, or not ours to read
-        return b""
-
-
 def test_ddp_resume_restores_every_rank_and_ends_as_an_uninterrupted_run(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     for run_dir, steps in ((straight, 8), (resumed, 4)):
@@ -432,7 +421,7 @@ def test_a_dead_ddp_rank_fails_the_run_within_seconds_naming_it(tmp_path):
     run_dir = tmp_path / "run"
     proc = start(f"hydra.run.dir={run_dir}", "trainer.max_steps=100000", *DDP, cwd=tmp_path)
     wait_for(run_dir / "checkpoints" / "last.ckpt", proc)
-    rank1 = next(pid for pid in process_ids() if f"ATTNLAB_DDP_PARENT={proc.pid}".encode() in environ_of(pid))
+    (rank1,) = processes_with(f"ATTNLAB_DDP_PARENT={proc.pid}")
     os.kill(rank1, signal.SIGKILL)
     killed = time.monotonic()
     _, err = proc.communicate(timeout=120)

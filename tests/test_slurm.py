@@ -7,6 +7,7 @@ installed (``.ci/run`` installs them) or the tests do not run as root.
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import torch
 from attnlab import wandb_records
 from attnlab.report import load
 from attnlab.rundir import read_run_file
-from helpers import FAST_DATA, run_train, wait_for, wait_until, wandb_run_files
+from helpers import FAST_DATA, processes_with, run_train, wait_for, wait_until, wandb_run_files
 from slurm_cluster import SlurmCluster, missing_packages
 
 pytestmark = pytest.mark.slurm
@@ -144,6 +145,24 @@ def test_a_crashing_job_fails_the_sweep_and_the_other_keeps_its_results(cluster,
     assert "diverged" in err + job_log(sweep_dir)
     assert read_run_file(sweep_dir / "0")["status"] == "finished"
     assert read_run_file(sweep_dir / "1")["status"] == "diverged"
+
+
+@pytest.mark.slow  # ≈40 s
+def test_a_dead_rank_of_a_ddp_job_fails_the_sweep_within_seconds_naming_its_task(cluster, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep(cluster, sweep_dir, "trainer=ddp_cpu", "trainer.max_steps=100000", "trainer.val_check_interval=50",
+                 "callbacks.checkpoint_every_n_steps=4", "logger=csv")  # fmt: skip
+    wait_for(sweep_dir / "0" / "checkpoints" / "last.ckpt", proc)
+    rank1 = processes_with(f"SLURM_CONF={cluster.env['SLURM_CONF']}", "SLURM_PROCID=1")
+    assert rank1, "no process of task 1 found"
+    for pid in rank1:
+        os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    code, err = finish(proc, timeout=120)
+    print(f"the sweep ended {time.monotonic() - killed:.1f} s after task 1 was killed")
+    assert code == 1 and time.monotonic() - killed < 60
+    assert "(task: 1)" in err and "state: FAILED" in err  # submitit names the task and its error stream
+    assert read_run_file(sweep_dir / "0")["status"] == "failed"  # rank 0 saw the peer go
 
 
 def test_the_cluster_is_stopped_by_pid(tmp_path):

@@ -50,6 +50,7 @@ _model_fields = [f.name for f in dataclasses.fields(ModelConfig) if f.name not i
 ModelSchema = dataclasses.make_dataclass(
     "ModelSchema", [("kind", str, MISSING)] + [(name, _model_hints[name], MISSING) for name in _model_fields]
 )
+ModelSchema.__module__ = __name__  # picklable by name, like the schemas written as classes
 
 
 @dataclass

@@ -18,6 +18,7 @@ import hashlib
 import itertools
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def read_run_file(run_dir: str | Path) -> dict:
 
 
 def now() -> str:
-    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    return datetime.datetime.now().astimezone().isoformat(timespec="milliseconds")
 
 
 def new_wandb_id() -> str:
@@ -102,9 +103,11 @@ def start_run(run_dir: Path, resumed: bool) -> dict:
         if original.get("wandb_id") == record["wandb_id"]:  # a copy, its original still there
             record = {**record, "wandb_id": new_wandb_id(), "copied_from": record["dir"]}
         record["dir"] = here  # else the dir was moved: it keeps its W&B run
-    record.update(status="running", started=now(), step=record.get("step", 0))
-    for key in ("ended", "reason"):
+    record.update(status="running", started=now(), step=record.get("step", 0), host=socket.gethostname())
+    for key in ("ended", "reason", "devices"):
         record.pop(key, None)
+    if os.environ.get("ATTNLAB_LAUNCHER_DEVICES"):  # the devices hydra/launcher=local gave this job
+        record["devices"] = os.environ["ATTNLAB_LAUNCHER_DEVICES"].split(",")
     write_json(run_dir / RUN_FILE, record)
     return record
 
@@ -193,6 +196,10 @@ class Preflight(Callback):
         if config.resume:
             raise ConfigError("resume= continues one run: run it without -m (once per job dir to resume)")
         launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
+        if launcher.endswith("LocalLauncher"):
+            from attnlab.launcher import check
+
+            check(config.hydra.launcher)
         devices = config.trainer.devices
         if launcher.endswith("SlurmLauncher") and not (isinstance(devices, int) and devices > 0):
             raise ConfigError(
