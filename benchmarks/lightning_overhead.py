@@ -26,8 +26,10 @@ from omegaconf import OmegaConf
 
 from attnlab.data import build_data
 from attnlab.data.module import IGNORE
+from attnlab.lifecycle import StepSeed
 from attnlab.models import sequence_loss
 from attnlab.optim import build_optimizer
+from attnlab.perf import Throughput
 from attnlab.task import SequenceTask
 from attnlab.train import CONF_DIR
 
@@ -35,7 +37,7 @@ from attnlab.train import CONF_DIR
 def load_config(overrides: list[str]):
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
         cfg = compose("train", overrides=overrides)
-    cfg.run_dir = cfg.cache_dir = tempfile.mkdtemp()
+    cfg.run_dir = cfg.paths.cache_dir = tempfile.mkdtemp()
     return OmegaConf.to_container(cfg, resolve=True), cfg
 
 
@@ -56,7 +58,7 @@ class StepClock(L.Callback):
 def plain_loop(config: dict, cfg, steps: int) -> float:
     """Seconds for the optimizer steps after WARMUP, written by hand."""
     torch.manual_seed(config["seed"])
-    data = build_data(cfg.data, cfg.model.kind, cfg.seed, cfg.cache_dir)
+    data = build_data(cfg.data, cfg.model.kind, cfg.seed, cfg.paths.cache_dir)
     task = SequenceTask(config, data.vocab)  # only for its forward; no Trainer attached
     optimizer, schedule = build_optimizer(task.model, config["optim"], steps)
     batches = iter(data.train_dataloader())
@@ -78,11 +80,11 @@ def plain_loop(config: dict, cfg, steps: int) -> float:
 
 def lightning_loop(config: dict, cfg, steps: int, callbacks: tuple = ()) -> float:
     torch.manual_seed(config["seed"])
-    data = build_data(cfg.data, cfg.model.kind, cfg.seed, cfg.cache_dir)
+    data = build_data(cfg.data, cfg.model.kind, cfg.seed, cfg.paths.cache_dir)
     task = SequenceTask(config, data.vocab)
     clock = StepClock()
     trainer = L.Trainer(
-        callbacks=[clock, *callbacks],
+        callbacks=[clock, StepSeed(config["seed"]), Throughput(), *callbacks],  # what every run has
         accelerator="cpu",
         devices=1,
         max_steps=steps,

@@ -94,7 +94,7 @@ def initial_model_and_first_batch(cfg):
     """What train() builds, in the same order from the same seed: the model at init, batch 0."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
     L.seed_everything(cfg.seed)
-    data = build_data(cfg.data, cfg.model.kind, cfg.seed, cfg.cache_dir)
+    data = build_data(cfg.data, cfg.model.kind, cfg.seed, cfg.paths.cache_dir)
     task = SequenceTask(resolved, data.vocab)
     return task, next(iter(data.train_dataloader())), resolved
 

@@ -41,7 +41,7 @@ def tiny_translation(tmp_path):
     return [
         f"data.sword_dir={sword}", "data.source_module=engTEST", "data.target_module=spaTEST",
         "data.vocab_size=300", "data.val_size=1", "data.test_size=1", "data.batch_size=2",
-        "data.eval_batch_size=2", f"cache_dir={tmp_path / 'cache'}",
+        "data.eval_batch_size=2", f"paths.cache_dir={tmp_path / 'cache'}",
     ]  # fmt: skip
 
 
@@ -56,7 +56,7 @@ def test_text_config_trains_the_lm(tmp_path):
     corpus.write_text("\n".join(f"line {i} of a small corpus about attention." for i in range(300)))
     run_train(
         tmp_path / "run", "model=lm", "data=text", f"data.files.train={corpus}", "data.vocab_size=200",
-        "data.block_size=16", f"cache_dir={tmp_path / 'cache'}", "logger=csv", fast_data=False,
+        "data.block_size=16", f"paths.cache_dir={tmp_path / 'cache'}", "logger=csv", fast_data=False,
     )  # fmt: skip
     assert series(read_metrics(tmp_path / "run"), "val/ppl")[1]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import re
 import typing
 from dataclasses import dataclass, field
@@ -92,6 +93,12 @@ class TrainerSchema:
     limit_val_batches: Any = None
     limit_test_batches: Any = None
     num_nodes: int = field(default=1, metadata=check(positive_int))
+    # conf/debug/*.yaml
+    fast_dev_run: Any = False
+    overfit_batches: Any = 0.0
+    limit_train_batches: Any = None
+    profiler: Any = None  # "simple", "advanced", or {_target_: <a Lightning profiler>, ...}
+    detect_anomaly: bool = False
 
 
 @dataclass
@@ -108,6 +115,8 @@ class ProbesSchema:
 class CallbacksSchema:
     checkpoint_every_n_steps: int = field(default=MISSING, metadata=check(positive_int))
     probes: ProbesSchema = MISSING
+    # Any Lightning callback, by name: {_target_: <class>, <its arguments>} (conf/callbacks/extra/)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -118,6 +127,17 @@ class LoggerSchema:
     entity: str | None = None
     group: str | None = None
     tags: list[str] = field(default_factory=list)
+    # Any Lightning logger, by name: {_target_: <class>, <its arguments>}
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PathsSchema:
+    """conf/paths: where runs, sweeps and caches go."""
+
+    cache_dir: str = MISSING  # datasets, tokenizers, the corpus
+    outputs: str = MISSING  # single runs: <outputs>/<name>/<time>
+    multirun: str = MISSING  # sweeps: <multirun>/<name>/<time>/<job>
 
 
 @dataclass
@@ -203,7 +223,7 @@ class TrainSchema:
     test: bool = MISSING
     optimized_metric: str = MISSING
     run_dir: str = MISSING
-    cache_dir: str = MISSING
+    paths: PathsSchema = MISSING
     attention: AttentionConfig = MISSING
     model: ModelSchema = MISSING
     data: Any = MISSING  # each conf/data/*.yaml extends its own schema
@@ -218,7 +238,8 @@ def register_schemas() -> None:
     is also stored on its own, for configs of yours to extend (``- /schema/model@_here_``)."""
     store = ConfigStore.instance()
     groups = {"train": TrainSchema, "attention": AttentionConfig, "model": ModelSchema, "optim": OptimSchema,
-              "trainer": TrainerSchema, "logger": LoggerSchema, "callbacks": CallbacksSchema}  # fmt: skip
+              "trainer": TrainerSchema, "logger": LoggerSchema, "callbacks": CallbacksSchema,
+              "paths": PathsSchema}  # fmt: skip
     for name, node in groups.items():
         store.store(group="schema", name=name, node=node)
     for name, node in {"synthetic": SyntheticSchema, "translation": TranslationSchema, "text": TextSchema}.items():
@@ -267,6 +288,22 @@ def check_node(node: DictConfig, path: str) -> None:
                 raise ConfigError(str(error)) from None
 
 
+def check_target(key: str, spec) -> None:
+    """An entry that names a class to build: {_target_: <importable class>, <its arguments>}; null switches it off."""
+    if spec is None:
+        return
+    if not isinstance(spec, DictConfig) or "_target_" not in spec:
+        example = "lightning.pytorch.callbacks.EarlyStopping"
+        raise ConfigError(f"{key}={spec!r}: give {{_target_: <a class, e.g. {example}>, <its arguments>}}, "
+                          "or null to switch it off")  # fmt: skip
+    module, _, name = str(spec._target_).rpartition(".")
+    try:
+        getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ConfigError(f"{key}._target_={spec._target_!r} cannot be imported ({error}); "
+                          "give the full dotted path of a class") from None  # fmt: skip
+
+
 def validate(cfg: DictConfig, datasets: dict) -> None:
     """Everything a run config must satisfy that Hydra's types cannot say."""
     from attnlab.models import MODELS
@@ -295,6 +332,12 @@ def validate(cfg: DictConfig, datasets: dict) -> None:
         choice("data.source", data.source, list(SOURCES[data.name]))
     if "min_len" in data and data.min_len > data.max_len:
         raise ConfigError(f"data.min_len={data.min_len} > data.max_len={data.max_len}; need min_len <= max_len")
+
+    for group in ("callbacks", "logger"):
+        for name, spec in cfg[group].extra.items():
+            check_target(f"{group}.extra.{name}", spec)
+    if isinstance(cfg.trainer.profiler, DictConfig):
+        check_target("trainer.profiler", cfg.trainer.profiler)
 
     choice("optim.name", cfg.optim.name, list(OPTIMIZERS))
     choice("optim.schedule", cfg.optim.schedule, list(SCHEDULES))

@@ -1,5 +1,7 @@
 """How a run ends: a validation at the last step, atomic checkpoints, and signals that save.
 
+* ``StepSeed``: the dropout RNG reseeded from (seed, step, rank) each step, so a resumed run
+  ends bit-identical to one never stopped.
 * ``LastCheckpoint``: ``last.ckpt`` every ``callbacks.checkpoint_every_n_steps`` and at the
   last step, and the last step always validates, whatever ``trainer.max_steps`` and
   ``trainer.val_check_interval`` are: every run has a ``val/loss`` and a ``best.ckpt``.
@@ -106,6 +108,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 error.errno,
                 f"{message}; {kept}. Free space on that disk, then continue with resume={path.parent.parent}",
             ) from None
+
+
+class StepSeed(Callback):
+    """Dropout draws from a stream that is a pure function of (seed, step, rank), so a resumed
+    run repeats exactly what an uninterrupted one would have done (the data stream already is)."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
+        torch.manual_seed((self.seed * 1_000_003 + trainer.global_step) * 64 + trainer.global_rank)
 
 
 class LastCheckpoint(Callback):

@@ -1,4 +1,5 @@
-"""Throughput accounting: model FLOPs per training step and the device's peak, for perf/mfu.
+"""Throughput accounting: ``perf/tokens_per_s``, and ``perf/mfu`` from the model's FLOPs per
+training step over the device's peak.
 
 FLOPs of one training step (forward + backward ≈ 3 × forward; Kaplan et al. 2020, PaLM
 appendix B): 6 FLOPs per weight of every matrix multiply per token, plus, per attention
@@ -8,6 +9,9 @@ the achieved rate over the device's dense peak for the run's precision, where kn
 
 from __future__ import annotations
 
+import time
+
+import lightning as L
 import torch
 from torch import nn
 
@@ -46,3 +50,35 @@ def step_flops(model: nn.Module, tokens: int, pairs: dict[str, int]) -> float:
         if isinstance(layer, MultiHeadAttention):
             flops += 6 * layer.n_heads * (layer.d_k + layer.d_v) * pairs[layer.name]
     return flops
+
+
+class Throughput(L.Callback):
+    """Logs perf/tokens_per_s every step, and perf/mfu on GPUs of known peak.
+
+    A step is timed from the previous step's end: data loading is included, and on a GPU
+    the host's run-ahead evens out over steps without a sync here. The first step after
+    the start or a validation is timed from its own start. n_tokens is counted on the CPU.
+    """
+
+    def __init__(self):
+        self.step_started = self.step_ended = self.peak = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.peak = peak_flops(pl_module.device, trainer.precision)  # None off known GPUs
+
+    def on_train_batch_start(self, trainer, pl_module, batch: dict, batch_idx: int) -> None:
+        self.step_started = time.perf_counter()
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self.step_ended = None
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self.step_ended = None  # validation time is not the next step's
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch: dict, batch_idx: int) -> None:
+        now = time.perf_counter()
+        elapsed = now - (self.step_ended if self.step_ended is not None else self.step_started)
+        self.step_ended = now
+        pl_module.log("perf/tokens_per_s", batch["n_tokens"] * trainer.world_size / elapsed)
+        if self.peak:
+            pl_module.log("perf/mfu", pl_module.model.step_flops(batch) / elapsed / self.peak)

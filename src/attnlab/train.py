@@ -19,6 +19,7 @@ import hydra
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from hydra.utils import instantiate
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -33,8 +34,10 @@ from attnlab.lifecycle import (
     GracefulStop,
     LastCheckpoint,
     MetricsCSVLogger,
+    StepSeed,
     under_slurm,
 )
+from attnlab.perf import Throughput
 from attnlab.probes import build_probes
 from attnlab.rundir import (
     ON_RESUME,
@@ -69,6 +72,8 @@ def resumed_config(cfg: DictConfig, resume: str, overrides) -> DictConfig:
     """The run's own saved config, running in ``resume``; overrides as check_resume allows."""
     run_dir = check_resume(str(resume), overrides)
     resumed = OmegaConf.load(run_dir / "config.yaml")
+    if "paths" not in resumed:  # saved before conf/paths existed
+        resumed.paths = {"cache_dir": resumed.pop("cache_dir"), "outputs": "outputs", "multirun": "multirun"}
     resumed.resume = str(run_dir)
     resumed.run_dir = str(run_dir.resolve())  # here, wherever the run first lived
     for key in set(override_keys(overrides)) & set(ON_RESUME):
@@ -107,16 +112,28 @@ def build_loggers(cfg: DictConfig, run_dir: Path, flat_config: dict, wandb_id: s
                 **settings,
             )
         )
-    return loggers
+    return [*loggers, *build_extra(cfg.logger.extra)]
 
 
 def build_callbacks(cfg: DictConfig, run_dir: Path, stop: GracefulStop) -> list:
-    """best.ckpt at each validation (by optimized_metric), last.ckpt every few steps and at
-    the last step (which validates), saving on SIGTERM/SIGINT, and the probes."""
+    """The dropout seed of each step, throughput, best.ckpt at each validation (by
+    optimized_metric), last.ckpt every few steps and at the last step (which validates),
+    saving on SIGTERM/SIGINT, and the probes."""
     checkpoints = run_dir / "checkpoints"
     best = BestCheckpoint(dirpath=checkpoints, filename="best", monitor=cfg.optimized_metric, mode="min", save_top_k=1)
     ends = [LastCheckpoint(checkpoints / "last.ckpt", cfg.callbacks.checkpoint_every_n_steps), stop]
-    return [best, *ends, *build_probes(cfg.callbacks.get("probes"))]
+    probes = build_probes(cfg.callbacks.get("probes"))
+    return [StepSeed(cfg.seed), Throughput(), best, *ends, *probes, *build_extra(cfg.callbacks.extra)]
+
+
+def build_extra(node: DictConfig) -> list:
+    """The Lightning callbacks or loggers a config adds by ``_target_`` (``null`` ones are off)."""
+    return [instantiate(spec) for spec in node.values() if spec is not None]
+
+
+def built(value):
+    """A Trainer argument given as {_target_: …} (e.g. a profiler) is built; others pass as they are."""
+    return instantiate(value) if isinstance(value, dict) and "_target_" in value else value
 
 
 def finish_wandb(exit_code: int, preempted: bool = False) -> None:
@@ -165,12 +182,12 @@ def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
         stop = GracefulStop(last)  # before the data loads: under SLURM it holds an early USR1
         try:
             L.seed_everything(cfg.seed, workers=True)
-            data = build_data(cfg.data, cfg.model.kind, cfg.seed, Path(cfg.cache_dir))
+            data = build_data(cfg.data, cfg.model.kind, cfg.seed, Path(cfg.paths.cache_dir))
             task = SequenceTask(resolved, data.vocab)
             loggers = build_loggers(cfg, run_dir, flatten(resolved), record["wandb_id"]) if writes else []
             callbacks = [*build_callbacks(cfg, run_dir, stop), *extra_callbacks]
             trainer = L.Trainer(
-                **resolved["trainer"],
+                **{key: built(value) for key, value in resolved["trainer"].items()},
                 default_root_dir=run_dir,
                 callbacks=callbacks,
                 logger=loggers or False,

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from attnlab.attention import AttentionConfig, MultiHeadAttention
 from attnlab.attention.multihead import default_d_k
 from attnlab.checks import positive_int, probability
+from attnlab.perf import step_flops
 
 
 @dataclass
@@ -173,6 +174,17 @@ class Transformer(nn.Module):
         """src: (B, m), tgt: (B, n) token ids (tgt starts with BOS); returns (B, n, vocab) logits."""
         return self.decode(tgt, self.encode(src, src_mask), src_mask, tgt_mask)
 
+    def forward_batch(self, batch: dict) -> tuple[Tensor, Tensor]:
+        """(logits, targets) of a seq2seq batch; targets are -100 where nothing is scored."""
+        return self(batch["src"], batch["tgt_in"], batch["src_mask"], batch["tgt_mask"]), batch["tgt_out"]
+
+    def step_flops(self, batch: dict) -> float:
+        """Training FLOPs of a step on this batch's padded shapes (the work the device does)."""
+        (size, m), n = batch["src"].shape, batch["tgt_in"].shape[1]
+        pairs = {"enc": size * m * m, "dec.self": size * n * n, "dec.cross": size * n * m}
+        per_layer = {layer.name: pairs[layer.name.rsplit(".L", 1)[0]] for layer in attention_layers(self)}
+        return step_flops(self, size * (m + n), per_layer)
+
     @torch.no_grad()
     def greedy_decode(self, src: Tensor, bos: int, eos: int, max_len: int, src_mask: Tensor | None = None):
         """Greedy decoding; returns (B, ≤ max_len) ids without BOS, padded with eos after it."""
@@ -202,6 +214,15 @@ class DecoderLM(nn.Module):
     def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
         """tokens: (B, n) ids, mask: (B, n) True = real token; returns (B, n, vocab) logits."""
         return self.head(self.decoder(self.embed(tokens), mask=mask, causal=True))
+
+    def forward_batch(self, batch: dict) -> tuple[Tensor, Tensor]:
+        """(logits, targets) of a language-model batch; targets are -100 where nothing is scored."""
+        return self(batch["tokens"], batch["mask"]), batch["targets"]
+
+    def step_flops(self, batch: dict) -> float:
+        """Training FLOPs of a step on this batch's padded shapes."""
+        size, n = batch["tokens"].shape
+        return step_flops(self, size * n, {layer.name: size * n * n for layer in attention_layers(self)})
 
 
 def attention_layers(model: nn.Module) -> list[MultiHeadAttention]:

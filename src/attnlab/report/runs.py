@@ -14,7 +14,7 @@ from attnlab.rundir import read_run_file
 from attnlab.runs import flatten, read_config, read_metrics, series
 
 # Config keys that differ between runs without being part of the experiment.
-NOT_COMPARED = ("run_dir", "cache_dir", "resume", "logger.", "trainer.enable_progress_bar", "data.sword_dir")
+NOT_COMPARED = ("run_dir", "paths.", "cache_dir", "resume", "logger.", "trainer.enable_progress_bar", "data.sword_dir")
 
 
 class ReportError(ValueError):
