@@ -1,5 +1,6 @@
 """attnlab-train end to end: every config runs, logs, checkpoints, resumes and fails clearly."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -102,8 +103,16 @@ def test_gpu_trainer_configs_compose(tmp_path, trainer):
 
 def test_cli_main_job_writes_config_checkpoints_metrics_and_wandb(tmp_path):
     result = cli("attnlab-train", f"hydra.run.dir={tmp_path}", "trainer.max_steps=40",
-                 "trainer.val_check_interval=20", "trainer.enable_progress_bar=false")  # fmt: skip
+                 "trainer.val_check_interval=20")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    # The console: a bar counted in steps, the model's size, one summary at the end, no W&B history.
+    console = result.stdout + result.stderr
+    assert "Epoch 0/-2" not in console and "40/40" in console
+    assert re.search(r"attnlab: Transformer with \d{3},\d{3} parameters\n", console)
+    (offline,) = (tmp_path / "wandb").glob("offline-run-*")
+    assert "attnlab: finished at step 40 in " in console and f"W&B (offline): wandb sync {offline}" in console
+    assert f"best checkpoint: {tmp_path / 'checkpoints' / 'best.ckpt'}" in console
+    assert "Run history" not in console and "LeafSpec" not in console and "weights_only" not in console
     for name in (
         "config.yaml",
         "csv/version_0/metrics.csv",

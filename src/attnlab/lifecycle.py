@@ -135,7 +135,7 @@ class LastCheckpoint(Callback):
         step = trainer.global_step
         last_step = trainer.max_steps > 0 and step >= trainer.max_steps
         if last_step or step % self.every_n_steps == 0:
-            trainer.save_checkpoint(self.path)
+            trainer.save_checkpoint(self.path, weights_only=False)  # the whole state: resumable
         if last_step:
             # Lightning validates before honouring should_stop (once, if this step validates
             # anyway): the last step always has val/loss and a best.ckpt.
@@ -242,7 +242,7 @@ class GracefulStop(Callback):
     def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
         # Every rank gets here at the same step (saving is collective; rank 0 writes).
         if isinstance(exception, SIGTERMException) and trainer.state.fn == TrainerFn.FITTING:
-            trainer.save_checkpoint(self.last_checkpoint)
+            trainer.save_checkpoint(self.last_checkpoint, weights_only=False)
             self.saved_step = trainer.global_step
 
     def interrupted(self, run_dir: Path, step: int) -> Interrupted:

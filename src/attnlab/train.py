@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -26,6 +27,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.config import validate
+from attnlab.console import StepProgressBar, parameters_line, quiet_foreign_noise, summary
 from attnlab.data import DATASETS, build_data
 from attnlab.distributed import Workers
 from attnlab.lifecycle import (
@@ -97,6 +99,8 @@ def build_loggers(cfg: DictConfig, run_dir: Path, flat_config: dict, wandb_id: s
         # csv/version_<k>/metrics.csv: a resumed run appends a new version, never overwrites.
         loggers.append(MetricsCSVLogger(save_dir=run_dir, name="csv"))
     if cfg.logger.wandb:
+        import wandb
+
         mode = os.environ.get("WANDB_MODE", "offline" if "WANDB_API_KEY" not in os.environ else "online")
         settings = wandb_settings(cfg)
         loggers.append(
@@ -109,6 +113,7 @@ def build_loggers(cfg: DictConfig, run_dir: Path, flat_config: dict, wandb_id: s
                 resume="allow",
                 job_type="train",
                 config=flat_config,
+                settings=wandb.Settings(quiet=True),  # no history sparklines: attnlab prints its own summary
                 **settings,
             )
         )
@@ -123,7 +128,8 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, stop: GracefulStop) -> list:
     best = BestCheckpoint(dirpath=checkpoints, filename="best", monitor=cfg.optimized_metric, mode="min", save_top_k=1)
     ends = [LastCheckpoint(checkpoints / "last.ckpt", cfg.callbacks.checkpoint_every_n_steps), stop]
     probes = build_probes(cfg.callbacks.get("probes"))
-    return [StepSeed(cfg.seed), Throughput(), best, *ends, *probes, *build_extra(cfg.callbacks.extra)]
+    progress = [StepProgressBar()] if cfg.trainer.enable_progress_bar else []
+    return [StepSeed(cfg.seed), Throughput(), best, *ends, *probes, *progress, *build_extra(cfg.callbacks.extra)]
 
 
 def build_extra(node: DictConfig) -> list:
@@ -166,6 +172,8 @@ def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
     elif cfg.resume:
         cfg = resumed_config(cfg, cfg.resume, HydraConfig.get().overrides.task)
     validate(cfg, DATASETS)
+    quiet_foreign_noise()
+    started = time.monotonic()
     run_dir = Path(cfg.run_dir)
     config_file = run_dir / "config.yaml"
     writes = is_rank_zero()
@@ -184,6 +192,8 @@ def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
             L.seed_everything(cfg.seed, workers=True)
             data = build_data(cfg.data, cfg.model.kind, cfg.seed, Path(cfg.paths.cache_dir))
             task = SequenceTask(resolved, data.vocab)
+            if writes:
+                print(parameters_line(task.model), file=sys.stderr, flush=True)
             loggers = build_loggers(cfg, run_dir, flatten(resolved), record["wandb_id"]) if writes else []
             callbacks = [*build_callbacks(cfg, run_dir, stop), *extra_callbacks]
             trainer = L.Trainer(
@@ -196,9 +206,11 @@ def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
                 use_distributed_sampler=False,  # the data module shards its own stream
             )
             trainer.fit(task, datamodule=data, ckpt_path=str(last) if cfg.resume else None)
+            final = dict(trainer.callback_metrics)  # the last validation's; the test adds its own
             best = trainer.checkpoint_callback  # the first ModelCheckpoint: by optimized_metric
             if cfg.test:
                 trainer.test(task, datamodule=data, ckpt_path=best.best_model_path or None)
+                final.update(trainer.callback_metrics)
         except SIGTERMException:
             interrupted = stop.interrupted(run_dir, trainer.global_step)
             if writes:
@@ -217,6 +229,10 @@ def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
         if writes:
             end_run(run_dir, "finished", trainer.global_step)
             finish_wandb(exit_code=0)
+            wandb_dir = run_dir / "wandb" if cfg.logger.wandb else None
+            print(
+                summary(run_dir, trainer, final, best.best_model_path, started, wandb_dir), file=sys.stderr, flush=True
+            )
     score = best.best_model_score
     return float(score) if score is not None else float("nan")
 
