@@ -123,3 +123,33 @@ def test_step_flops_count_every_matmul_and_attention_pair():
     tokens, pairs = 2 * 10, 2 * 10 * 10
     expected = 6 * weights * tokens + 6 * 4 * (8 + 8) * pairs
     assert step_flops(model, tokens, {"L0": pairs}) == expected
+
+
+def test_each_model_counts_its_own_step_flops_from_a_batch():
+    from attnlab.perf import step_flops
+
+    cfg = tiny(d_model=32, n_heads=4, d_ff=64, n_layers=1, vocab_size=16)
+    lm = DecoderLM(cfg)
+    assert lm.step_flops({"tokens": torch.zeros(2, 10, dtype=torch.long)}) == step_flops(lm, 20, {"L0": 200})
+    seq2seq = Transformer(cfg)
+    batch = {"src": torch.zeros(3, 7, dtype=torch.long), "tgt_in": torch.zeros(3, 5, dtype=torch.long)}
+    pairs = {"enc.L0": 3 * 7 * 7, "dec.self.L0": 3 * 5 * 5, "dec.cross.L0": 3 * 5 * 7}
+    assert seq2seq.step_flops(batch) == step_flops(seq2seq, 3 * (7 + 5), pairs)
+
+
+@pytest.mark.parametrize(
+    ("name", "precision", "tf32", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16-mixed", True, 989.4e12),  # SXM
+        ("NVIDIA H100 PCIe", "bf16-mixed", True, 756.5e12),  # not the SXM's
+        ("NVIDIA H100 PCIe", "32-true", True, 378e12),
+        ("NVIDIA H100 80GB HBM3", "32-true", False, 67e12),  # TF32 off: no tensor cores for float32
+        ("NVIDIA H200", "16-mixed", True, 989.4e12),
+        ("NVIDIA A100-SXM4-80GB", "32-true", True, 156e12),
+        ("Tesla T4", "bf16-mixed", True, None),  # unknown: no perf/mfu rather than a wrong one
+    ],
+)
+def test_the_peak_for_mfu_tells_the_h100s_apart_and_knows_tf32_off(name, precision, tf32, peak):
+    from attnlab.perf import peak_for
+
+    assert peak_for(name, precision, tf32) == peak

@@ -17,24 +17,36 @@ from torch import nn
 
 from attnlab.attention import MultiHeadAttention
 
-# Dense peak FLOP/s by device name fragment: (bf16/fp16, tf32). Vendor datasheets.
+# Dense peak FLOP/s by device name fragment: (bf16/fp16, tf32, fp32 without tensor cores), from
+# the vendors' datasheets. More specific fragments first: "H100 PCIe" before "H100".
 PEAK_FLOPS = {
-    "H200": (989.4e12, 494.7e12),
-    "H100": (989.4e12, 494.7e12),  # SXM
-    "A100": (312e12, 156e12),
-    "L40S": (362.05e12, 183e12),
-    "A10G": (70e12, 35e12),
+    "H200 NVL": (835e12, 418e12, 60e12),
+    "H200": (989.4e12, 494.7e12, 67e12),  # SXM
+    "H100 PCIe": (756.5e12, 378e12, 51e12),
+    "H100 NVL": (835e12, 418e12, 60e12),
+    "H100": (989.4e12, 494.7e12, 67e12),  # SXM ("H100 80GB HBM3")
+    "A100": (312e12, 156e12, 19.5e12),  # SXM and PCIe alike
+    "L40S": (362.05e12, 183e12, 91.6e12),
+    "A10G": (70e12, 35e12, 31.2e12),
 }
+
+
+def peak_for(name: str, precision: str, tf32: bool) -> float | None:
+    """The dense peak of the device called ``name`` for a run at ``precision`` (Lightning's
+    string), with float32 matmuls on TF32 tensor cores or not; None for an unknown device."""
+    for fragment, (half, tf32_peak, fp32) in PEAK_FLOPS.items():
+        if fragment in name:
+            if "16" in str(precision):
+                return half
+            return tf32_peak if tf32 else fp32
+    return None
 
 
 def peak_flops(device: torch.device, precision: str) -> float | None:
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    for fragment, (half, tf32) in PEAK_FLOPS.items():
-        if fragment in name:
-            return half if "16" in str(precision) else tf32
-    return None
+    tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
+    return peak_for(torch.cuda.get_device_name(device), precision, tf32)
 
 
 def matmul_weights(model: nn.Module) -> int:
