@@ -20,7 +20,7 @@ def test_synthetic_tasks_follow_their_rule_and_are_deterministic(task):
     again = synthetic_splits(task, vocab=16, min_len=3, max_len=6, sizes=SIZES, seed=7)
     assert splits["train"]["src"] == again["train"]["src"]
     assert splits["train"]["src"] != synthetic_splits(task, 16, 3, 6, SIZES, seed=8)["train"]["src"]
-    assert splits["train"]["src"] != splits["validation"]["src"][:50]
+    assert splits["train"]["src"][:10] != splits["validation"]["src"]  # the splits are drawn apart
     for src, tgt in zip(splits["train"]["src"], splits["train"]["tgt"], strict=True):
         assert all(N_SPECIAL <= token < N_SPECIAL + 16 for token in src + tgt)
         if task == "copy":

@@ -4,12 +4,14 @@ It runs over attnlab.attention.VARIANTS, so a new variant is checked as soon as 
 registered; REFERENCES holds independent implementations where one exists.
 """
 
+import functools
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from attnlab.attention import VARIANTS, AttentionConfig, MultiHeadAttention
 
@@ -41,8 +43,15 @@ def reference_additive(layer, q, k):
 REFERENCES = {"dot": reference_dot, "cosine": reference_cosine, "additive": reference_additive}
 
 
+@functools.cache
+def attention_config(variant: str) -> dict:
+    """conf/attention/<variant>.yaml as the run composes it (defaults included)."""
+    with initialize_config_dir(str(CONF.parent), version_base="1.3"):
+        return OmegaConf.to_container(compose("train", overrides=[f"attention={variant}"]).attention)
+
+
 def make_layer(variant, scale):
-    cfg = AttentionConfig(**{**yaml.safe_load((CONF / f"{variant}.yaml").read_text()), "scale": scale})
+    cfg = AttentionConfig(**{**attention_config(variant), "scale": scale})
     return MultiHeadAttention(D_MODEL, HEADS, d_k=6, d_v=5, attn=cfg).eval()
 
 
@@ -52,7 +61,7 @@ pytestmark = pytest.mark.parametrize("variant,scale", CASES)
 
 def test_every_variant_has_a_config_and_every_config_a_variant(variant, scale):
     assert (CONF / f"{variant}.yaml").exists(), f"add conf/attention/{variant}.yaml"
-    named = {yaml.safe_load(path.read_text())["variant"] for path in CONF.glob("*.yaml")}
+    named = {attention_config(path.stem)["variant"] for path in CONF.glob("*.yaml")}
     assert named <= set(VARIANTS)
 
 

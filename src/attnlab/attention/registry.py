@@ -52,7 +52,6 @@ def register_variant(name: str):
         if name in VARIANTS and VARIANTS[name] is not cls:
             raise ValueError(f"variant {name!r} is already registered by {VARIANTS[name]}")
         VARIANTS[name] = cls
-        cls.variant_name = name
         return cls
 
     return register

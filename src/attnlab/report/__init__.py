@@ -39,8 +39,7 @@ VASWANI_TABLE_3 = {
     (8, 16, 64): ("(B)", 5.16, 25.1),
     (8, 32, 64): ("(B)", 5.01, 25.4),
 }
-COLUMNS = [("val/loss", "val/loss"), ("val/ppl", "val/ppl"), ("val/acc", "val/acc"), ("val/seq_acc", "val/seq_acc"),
-           ("val/bleu", "val/bleu"), ("test/loss", "test/loss")]  # fmt: skip
+COLUMNS = ["val/loss", "val/ppl", "val/acc", "val/seq_acc", "val/bleu", "test/loss"]
 
 
 @dataclass
@@ -65,16 +64,16 @@ def cell(stats, digits=3) -> str:
 
 def final_metrics_table(report: Report) -> list[str]:
     present = set().union(*(run.metric_names() for run in report.runs))
-    columns = [(key, title) for key, title in COLUMNS if key in present]
+    columns = [key for key in COLUMNS if key in present]
     settings = [key for key in report.axes if key != "seed"]
-    header = [*settings, "n", *[title for _, title in columns], "steps", "wall (s)"]
+    header = [*settings, "n", *columns, "steps", "wall (s)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for group in report.groups:
         steps = sorted({run.steps_trained for run in group.runs})
         walls = [run.wall_s for run in group.runs if run.wall_s is not None]
         wall = f"{sum(walls) / len(walls):.3g}" if walls else "–"
         values = [str(group.settings[key]) for key in settings]
-        values += [str(len(group.runs)), *[cell(group.mean_std(key)) for key, _ in columns]]
+        values += [str(len(group.runs)), *[cell(group.mean_std(key)) for key in columns]]
         values += ["/".join(map(str, steps)), wall]
         lines.append("| " + " | ".join(values) + " |")
     return lines
