@@ -4,7 +4,7 @@
 
 Both layers see the same shapes in the same process; every timing is the median of
 interleaved rounds, and each rule is printed as a ratio to torch's layer (target ≤ 1.0)
-and ``learned`` as a ratio to ``sqrt_dk`` (target ≤ 1.05).
+and ``learned`` as a ratio to ``sqrt_dk`` (target ≤ 1.02), with its spread over rounds.
 """
 
 from __future__ import annotations
@@ -84,7 +84,10 @@ def main() -> None:
     print(f"{'layer':>22}  {'ms/step':>8}  {'vs torch MHA':>12}")
     for name, seconds in median.items():
         print(f"{name:>22}  {seconds * 1e3:8.2f}  {seconds / reference:12.3f}")
-    print(f"learned / sqrt_dk = {median['learned'] / median['sqrt_dk']:.3f} (target <= 1.05)")
+    # Per round: the two layers ran back to back, so each round's ratio shares the machine's state.
+    ratios = sorted(learned / fixed for learned, fixed in zip(times["learned"], times["sqrt_dk"], strict=True))
+    print(f"learned / sqrt_dk = {median['learned'] / median['sqrt_dk']:.3f} (target <= 1.02); "
+          f"per round {ratios[0]:.3f} … {ratios[-1]:.3f}, median {statistics.median(ratios):.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":

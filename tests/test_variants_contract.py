@@ -14,8 +14,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from attnlab.attention import VARIANTS, AttentionConfig, MultiHeadAttention
+from attnlab.train import CONF_DIR  # importing it registers the config schemas
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "attention"
+CONF = Path(CONF_DIR) / "attention"
 D_MODEL, HEADS = 16, 4
 
 

@@ -19,6 +19,7 @@ from attnlab.data.module import IGNORE, Vocabulary
 from attnlab.evaluation import Bleu
 from attnlab.models import MODELS, DecoderLM, ModelConfig, Transformer, sequence_loss
 from attnlab.optim import build_optimizer
+from attnlab.perf import logs_this_step
 
 
 def build_model(model: dict, attention: dict, vocab_size: int) -> Transformer | DecoderLM:
@@ -48,16 +49,17 @@ class SequenceTask(L.LightningModule):
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         logits, targets = self(batch)
         loss = sequence_loss(logits, targets, IGNORE, self.optim["label_smoothing"])
-        # Checked when Lightning logs (it reads the loss then anyway), not every step: a
-        # host sync per step would stall a GPU, and a diverged loss stays non-finite.
-        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0 and not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"train/loss is {loss.item()} at step {self.global_step}: the run diverged. "
-                "Lower optim.lr, raise optim.warmup_steps or keep trainer.gradient_clip_val; "
-                "checkpoints written so far are kept in the run dir."
-            )
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("lr", self.optimizers().param_groups[0]["lr"])
+        if logs_this_step(self.trainer):
+            # Checked when Lightning logs (it reads the loss then anyway), not every step: a
+            # host sync per step would stall a GPU, and a diverged loss stays non-finite.
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"train/loss is {loss.item()} at step {self.global_step}: the run diverged. "
+                    "Lower optim.lr, raise optim.warmup_steps or keep trainer.gradient_clip_val; "
+                    "checkpoints written so far are kept in the run dir."
+                )
+            self.log("train/loss", loss, prog_bar=True)
+            self.log("lr", self.optimizers().param_groups[0]["lr"])
         return loss
 
     # --- evaluation -----------------------------------------------------------------

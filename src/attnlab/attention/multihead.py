@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention.functional import attend, check_mask, fast_attention, visibility
@@ -123,7 +124,14 @@ class MultiHeadAttention(nn.Module):
         """
         source = x if source is None else source
         self.check_inputs(x, source, key_mask, attn_mask)
-        q = self.split_heads(self.q_proj(x), self.d_k)
+        tau = self.temperature()
+        fast = self.score.fused and not self.record
+        if fast and isinstance(tau, Tensor) and self.score.linear:
+            # A learned τ divides W_Q's h·d_k rows, not all B·n·h·d_k entries of q: the
+            # same q/τ, nearly free (SDPA's own scale takes only a constant).
+            q, tau = self.split_heads(self.project_scaled(x, tau), self.d_k), 1.0
+        else:
+            q = self.split_heads(self.q_proj(x), self.d_k)
         k = self.split_heads(self.k_proj(source), self.d_k)
         v = self.split_heads(self.v_proj(source), self.d_v)
 
@@ -131,10 +139,9 @@ class MultiHeadAttention(nn.Module):
         if key_mask is not None:
             key_mask = key_mask[:, None, None, :]
             mask = key_mask if mask is None else mask & key_mask
-        tau = self.temperature()
         dropout_p = self.dropout if self.training else 0.0
 
-        if self.score.fused and not self.record:
+        if fast:
             q, k = self.score.prepare(q, k)
             out = fast_attention(q, k, v, tau, mask, causal, dropout_p)
         else:
@@ -151,6 +158,12 @@ class MultiHeadAttention(nn.Module):
         batch, _, length, _ = out.shape
         out = out.transpose(1, 2).reshape(batch, length, self.n_heads * self.d_v)
         return self.out_proj(out)
+
+    def project_scaled(self, x: Tensor, tau: Tensor) -> Tensor:
+        """x W_Qᵀ / τ with τ (one per head, (h, 1, 1), or one for the layer) on W_Q's rows."""
+        per_row = tau.reshape(-1, 1).expand(self.n_heads, self.d_k).reshape(-1, 1)
+        bias = self.q_proj.bias / per_row[:, 0] if self.q_proj.bias is not None else None
+        return F.linear(x, self.q_proj.weight / per_row, bias)
 
     def check_inputs(self, x: Tensor, source: Tensor, key_mask: Tensor | None, attn_mask: Tensor | None) -> None:
         for name, tensor in (("x", x), ("source", source)):

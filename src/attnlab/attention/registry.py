@@ -26,10 +26,13 @@ class Score(nn.Module):
 
     A *fused* score is a plain dot product of transformed q and k, so the fast path
     (SDPA) can compute it: such a score implements ``prepare``. Any other score
-    implements ``forward`` and always takes the explicit path.
+    implements ``forward`` and always takes the explicit path. A *linear* score is
+    linear in q (``prepare`` leaves q as it is, as the dot product does): q/τ may then be
+    formed on W_Q instead of on q.
     """
 
     fused: bool = True
+    linear: bool = False
 
     def __init__(self, d_k: int, n_heads: int):
         super().__init__()

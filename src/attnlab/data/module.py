@@ -30,11 +30,11 @@ IGNORE = -100
 
 @dataclass
 class Vocabulary:
+    """What the model and decoding need of a vocabulary (padding is PAD, masked by the collators)."""
+
     size: int
-    pad: int = PAD
     bos: int = BOS
     eos: int = EOS
-    sep: int = SEP
     decode: Callable[[list[int]], str] | None = None  # ids -> text, for BLEU
 
 

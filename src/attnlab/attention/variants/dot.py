@@ -6,3 +6,4 @@ from attnlab.attention.registry import Score, register_variant
 @register_variant("dot")
 class DotScore(Score):
     fused = True
+    linear = True  # q·k: q/τ = (x W_Q/τ)
