@@ -17,7 +17,6 @@ FOREIGN_WARNINGS = (
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # Lightning on torch ≥ 2.9
     r"The number of training batches \(\d+\) is smaller than the logging interval",  # debug=overfit
     r"Checkpoint directory .* exists and is not empty",  # resume= reuses checkpoints/
-    r"`weights_only` was not set",  # Lightning reading its own checkpoints
 )
 FOREIGN_LOG_LINES = ("💡 Tip:",)
 

@@ -10,6 +10,7 @@ the achieved rate over the device's dense peak for the run's precision, where kn
 from __future__ import annotations
 
 import time
+import weakref
 
 import lightning as L
 import torch
@@ -54,14 +55,23 @@ def matmul_weights(model: nn.Module) -> int:
     return sum(module.weight.numel() for module in model.modules() if isinstance(module, nn.Linear))
 
 
+_SHAPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def flop_shape(model: nn.Module) -> tuple[int, dict[str, int]]:
+    """(matmul weights, {attention layer name: 6·h·(d_k + d_v)}): fixed for a model, so walked
+    once, not on every step that counts FLOPs."""
+    if model not in _SHAPES:
+        layers = {m.name: 6 * m.n_heads * (m.d_k + m.d_v) for m in model.modules() if isinstance(m, MultiHeadAttention)}
+        _SHAPES[model] = (matmul_weights(model), layers)
+    return _SHAPES[model]
+
+
 def step_flops(model: nn.Module, tokens: int, pairs: dict[str, int]) -> float:
     """Training FLOPs of one step: ``tokens`` through the matmuls, ``pairs[layer name]``
     (query, key) pairs through each attention layer."""
-    flops = 6 * matmul_weights(model) * tokens
-    for layer in model.modules():
-        if isinstance(layer, MultiHeadAttention):
-            flops += 6 * layer.n_heads * (layer.d_k + layer.d_v) * pairs[layer.name]
-    return flops
+    weights, layers = flop_shape(model)
+    return 6 * weights * tokens + sum(per_pair * pairs[name] for name, per_pair in layers.items())
 
 
 def logs_this_step(trainer: L.Trainer) -> bool:

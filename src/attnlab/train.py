@@ -134,7 +134,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, stop: GracefulStop) -> list:
 
 def build_extra(node: DictConfig) -> list:
     """The Lightning callbacks or loggers a config adds by ``_target_`` (``null`` ones are off)."""
-    return [instantiate(spec) for spec in node.values() if spec is not None]
+    return [built(spec) for spec in OmegaConf.to_container(node, resolve=True).values() if spec is not None]
 
 
 def built(value):

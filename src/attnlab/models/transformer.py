@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from attnlab.attention import AttentionConfig, MultiHeadAttention
 from attnlab.attention.multihead import default_d_k
 from attnlab.checks import positive_int, probability
-from attnlab.perf import step_flops
+from attnlab.perf import flop_shape, step_flops
 
 
 @dataclass
@@ -182,7 +182,7 @@ class Transformer(nn.Module):
         """Training FLOPs of a step on this batch's padded shapes (the work the device does)."""
         (size, m), n = batch["src"].shape, batch["tgt_in"].shape[1]
         pairs = {"enc": size * m * m, "dec.self": size * n * n, "dec.cross": size * n * m}
-        per_layer = {layer.name: pairs[layer.name.rsplit(".L", 1)[0]] for layer in attention_layers(self)}
+        per_layer = {name: pairs[name.rsplit(".L", 1)[0]] for name in flop_shape(self)[1]}
         return step_flops(self, size * (m + n), per_layer)
 
     @torch.no_grad()
@@ -222,7 +222,7 @@ class DecoderLM(nn.Module):
     def step_flops(self, batch: dict) -> float:
         """Training FLOPs of a step on this batch's padded shapes."""
         size, n = batch["tokens"].shape
-        return step_flops(self, size * n, {layer.name: size * n * n for layer in attention_layers(self)})
+        return step_flops(self, size * n, dict.fromkeys(flop_shape(self)[1], size * n * n))
 
 
 def attention_layers(model: nn.Module) -> list[MultiHeadAttention]:
