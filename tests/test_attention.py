@@ -14,6 +14,7 @@ from attnlab.attention import (
     make_temperature,
     tau_values,
 )
+from attnlab.probes import recording
 
 RULES = ["none", "sqrt_dk", "dk", "learned", 2.5]
 
@@ -153,8 +154,8 @@ def test_learned_tau_receives_gradient_through_the_fast_path():
     # and it is the gradient the explicit path gives
     fast_grad = grad.clone()
     layer.zero_grad()
-    layer.record = True
-    layer(x, causal=True).pow(2).sum().backward()
+    with recording(layer):
+        layer(x, causal=True).pow(2).sum().backward()
     torch.testing.assert_close(layer.temperature.log_tau.grad, fast_grad, rtol=1e-4, atol=1e-6)
 
 
@@ -177,11 +178,10 @@ def test_scaled_logit_std_at_init_follows_the_rule(rule, d_k):
     """Unit-variance inputs through the initialised projections: std(q·k/τ) ≈ √d_k / τ."""
     heads = 4
     layer = MultiHeadAttention(256, heads, d_k=d_k, attn=AttentionConfig(scale=rule))
-    layer.record = True
-    with torch.no_grad():
+    with torch.no_grad(), recording(layer) as [record]:
         layer(torch.randn(8, 64, 256))
     predicted = {"none": math.sqrt(d_k), "sqrt_dk": 1.0, "dk": 1 / math.sqrt(d_k)}[rule]
-    assert layer.logits.std().item() == pytest.approx(predicted, rel=0.15)
+    assert record.logits.std().item() == pytest.approx(predicted, rel=0.15)
 
 
 # --- the API checks its inputs at the boundary ------------------------------------------

@@ -6,6 +6,7 @@ import torch
 from attnlab.attention import AttentionConfig
 from attnlab.models import DecoderLM, ModelConfig, Transformer, attention_layers, sequence_loss
 from attnlab.optim import param_groups
+from attnlab.probes import recording
 
 BOS, EOS = 1, 2
 
@@ -72,6 +73,23 @@ def test_padding_does_not_change_real_positions():
     padded = torch.cat([src, torch.zeros(2, 3, dtype=torch.long)], dim=1)
     src_mask = torch.cat([torch.ones(2, 6), torch.zeros(2, 3)], dim=1).bool()
     torch.testing.assert_close(model(padded, tgt_in, src_mask=src_mask), model(src, tgt_in))
+
+
+def test_target_padding_changes_no_real_position_and_the_records_mark_it_in_every_layer():
+    model = Transformer(tiny()).eval()
+    src, tgt_in, _ = copy_batch(batch=2)
+    padded = torch.cat([tgt_in, torch.zeros(2, 2, dtype=torch.long)], dim=1)
+    real = torch.cat([torch.ones(2, 7), torch.zeros(2, 2)], dim=1).bool()
+    layers = attention_layers(model)
+    with recording(*layers) as records:
+        out = model(src, padded, tgt_mask=real)
+    torch.testing.assert_close(out[:, :7], model(src, tgt_in))
+    for layer, record in zip(layers, records, strict=True):
+        if layer.name.startswith("enc."):  # no source padding: every key visible
+            assert record.visible is None
+            continue
+        queries = record.visible.any(-1).expand(2, 4, -1)  # rows that see at least one key
+        assert torch.equal(queries, real[:, None, :].expand_as(queries)), layer.name
 
 
 def test_lm_is_causal():

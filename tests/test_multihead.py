@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from attnlab.attention import AttentionConfig, MultiHeadAttention
+from attnlab.probes import AttentionRecord, recording
 
 
 def twin_layers(embed_dim=8, num_heads=2):
@@ -29,15 +30,15 @@ def test_spec_example_parity_with_torch_multihead_attention():
     assert expected.shape == (1, 4, 8) and averaged_weights.shape == (1, 4, 4)
     torch.testing.assert_close(averaged_weights.sum(-1), torch.ones(1, 4))
     torch.testing.assert_close(ours(x), expected)
-    ours.record = True  # the explicit path gives the same output and the same weights
-    torch.testing.assert_close(ours(x), expected)
-    torch.testing.assert_close(ours.weights.mean(dim=1), averaged_weights)
+    with recording(ours) as [record]:  # the explicit path gives the same output and the same weights
+        torch.testing.assert_close(ours(x), expected)
+    torch.testing.assert_close(record.weights.mean(dim=1), averaged_weights)
 
 
 @pytest.mark.parametrize("record", [False, True])
 def test_parity_with_padding_and_causal_masks(record):
     reference, ours = twin_layers(embed_dim=16, num_heads=4)
-    ours.record = record
+    ours.record = AttentionRecord() if record else None
     x = torch.randn(3, 6, 16)
     lengths = torch.tensor([6, 4, 2])
     is_padding = torch.arange(6)[None, :] >= lengths[:, None]  # torch's convention: True = ignore
@@ -70,7 +71,26 @@ def test_d_k_defaults_to_d_model_over_heads_and_refuses_a_remainder():
 def test_recording_is_off_by_default_and_keeps_nothing():
     layer = MultiHeadAttention(16, 2, attn=AttentionConfig(scale="learned"))
     layer(torch.randn(2, 3, 16))
-    assert layer.logits is None and layer.weights is None
-    layer.record = True
-    layer(torch.randn(2, 3, 16)).sum().backward()
-    assert layer.logits.shape == (2, 2, 3, 3) and layer.logits.grad is not None
+    assert layer.record is None
+    with recording(layer) as [record]:
+        layer(torch.randn(2, 3, 16)).sum().backward()
+    assert record.logits.shape == (2, 2, 3, 3) and record.logits.grad is not None
+    assert layer.record is None  # removed when the block ends; the record keeps its tensors
+
+
+def test_the_record_marks_padded_queries_of_self_attention_and_of_a_masked_cross_attention():
+    layer = MultiHeadAttention(16, 2)
+    x, memory = torch.randn(2, 4, 16), torch.randn(2, 5, 16)
+    real = torch.tensor([[True] * 4, [True] * 2 + [False] * 2])
+    real_memory = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    with recording(layer) as [record]:
+        layer(x, key_mask=real, causal=True)
+    visible = record.visible.expand(2, 2, 4, 4)
+    expected = torch.ones(4, 4, dtype=torch.bool).tril() & real[:, None, None, :] & real[:, None, :, None]
+    torch.testing.assert_close(visible, expected.expand(2, 2, 4, 4))
+    # cross-attention: queries come from x, keys from memory; padded queries are masked by the caller
+    with recording(layer) as [record]:
+        out = layer(x, memory, key_mask=real_memory, attn_mask=real[:, None, :, None])
+    visible = record.visible.expand(2, 2, 4, 5)
+    torch.testing.assert_close(visible, (real[:, None, :, None] & real_memory[:, None, None, :]).expand(2, 2, 4, 5))
+    assert (out[1, 2:] == layer.out_proj.bias).all()  # a query that sees nothing gets a zero mix

@@ -1,7 +1,6 @@
 """Probes against independent references: hand-built weights, autograd, direct formulas, the science."""
 
 import math
-from unittest import mock
 
 import lightning as L
 import pytest
@@ -9,11 +8,11 @@ import torch
 from omegaconf import OmegaConf
 
 from attnlab import wandb_records
-from attnlab.attention import AttentionConfig, MultiHeadAttention, multihead
+from attnlab.attention import AttentionConfig, MultiHeadAttention
 from attnlab.data import build_data
 from attnlab.data.module import IGNORE
 from attnlab.models import attention_layers, sequence_loss
-from attnlab.probes import attention_entropy, layer_statistics
+from attnlab.probes import attention_entropy, layer_statistics, recording
 from attnlab.runs import read_metrics
 from attnlab.task import SequenceTask
 from helpers import compose_run, run_train, wandb_run_files
@@ -35,9 +34,9 @@ def test_entropy_of_uniform_one_hot_and_masked_rows():
 def test_layer_entropy_ignores_masked_keys_and_padded_queries():
     # one head, 3 queries over 4 keys; query 2 is padding; key 3 is masked for everyone
     weights = torch.tensor([[[[0.5, 0.5, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3, 0.0], [0.1, 0.2, 0.3, 0.0]]]])
-    mask = torch.tensor([True, True, True, False])[None, None, None, :]
-    query_mask = torch.tensor([[True, True, False]])
-    stats = layer_statistics(weights, torch.zeros_like(weights), mask=mask, query_mask=query_mask)
+    real_keys = torch.tensor([True, True, True, False])[None, None, None, :]
+    real_queries = torch.tensor([True, True, False])[None, None, :, None]
+    stats = layer_statistics(weights, torch.zeros_like(weights), visible=real_keys & real_queries)
     expected = (math.log(2) + math.log(3)) / 2  # the padded query's row is not counted
     assert stats["entropy"].item() == pytest.approx(expected, rel=1e-6)
     # normalised by log(visible keys) = log 3 for both rows
@@ -49,18 +48,17 @@ def random_recorded_layer(heads=3, n=7, m=9, scale=3.0):
     mask = torch.rand(2, 1, n, m) > 0.3
     mask[..., 0] = True
     mask[1, :, 4] = False  # a query that sees nothing
-    query_mask = torch.ones(2, n, dtype=torch.bool)
-    query_mask[0, -2:] = False
+    mask[0, :, -2:] = False  # two padded queries
     weights = torch.softmax(logits.masked_fill(~mask, -math.inf), dim=-1).nan_to_num(0.0)
     grad = torch.randn_like(logits).masked_fill(~mask, 0.0)
-    return weights, logits, grad, mask, query_mask
+    return weights, logits, grad, mask
 
 
 def test_statistics_equal_direct_formulas_and_do_not_depend_on_chunking():
-    weights, logits, grad, mask, query_mask = random_recorded_layer()
-    visible = mask.expand_as(weights) & query_mask[:, None, :, None]
+    weights, logits, grad, mask = random_recorded_layer()
+    visible = mask.expand_as(weights)
     rows = visible.any(-1)
-    stats = layer_statistics(weights, logits, grad, mask, query_mask, chunk_size=2)
+    stats = layer_statistics(weights, logits, grad, mask, chunk_size=2)
 
     jacobian = (weights * (1 - weights)).sum(-1)[rows].mean()
     assert stats["softmax_jac"].item() == pytest.approx(jacobian.item(), rel=1e-5)
@@ -72,7 +70,7 @@ def test_statistics_equal_direct_formulas_and_do_not_depend_on_chunking():
     assert stats["grad_logits_row_median"].item() == pytest.approx(row_norms.median().item(), rel=1e-5)
     per_head = torch.stack([attention_entropy(weights[:, h])[rows[:, h]].mean() for h in range(3)])
     torch.testing.assert_close(stats["entropy_per_head"], per_head.float())
-    unchunked = layer_statistics(weights, logits, grad, mask, query_mask, chunk_size=1000)
+    unchunked = layer_statistics(weights, logits, grad, mask, chunk_size=1000)
     for key, value in stats.items():
         torch.testing.assert_close(unchunked[key], value, msg=key)
 
@@ -107,28 +105,24 @@ def test_logged_gradient_probes_equal_autograd_on_the_same_batch(tmp_path):
     train(cfg)
     logged = {k: v for row in read_metrics(tmp_path) if row["step"] == 0 for k, v in row.items()}
 
-    # Reference: capture each layer's logits where the explicit path consumes them, and ask
-    # autograd for d loss / d logits directly (no retain_grad, no probe code).
-    captured = []
-    original = multihead.attend
-
-    def capture(logits, v, mask, dropout_p):
-        captured.append((logits, mask))
-        return original(logits, v, mask, dropout_p)
-
-    for layer in attention_layers(task.model):
-        layer.record = True
-    with mock.patch.object(multihead, "attend", capture):
+    # Reference: the same model at init on the same batch, recorded, with autograd asked for
+    # d loss / d logits directly (not the probe's retained .grad), and the visible entries
+    # built here from the batch's padding and the causal rule (not the record's mask).
+    layers = attention_layers(task.model)
+    with recording(*layers) as records:
         logits, targets = task(batch)
-    loss = sequence_loss(logits, targets, IGNORE, resolved["optim"]["label_smoothing"])
-    grads = torch.autograd.grad(loss, [c[0] for c in captured], retain_graph=True)
-    loss.backward()
+        loss = sequence_loss(logits, targets, IGNORE, resolved["optim"]["label_smoothing"])
+        grads = torch.autograd.grad(loss, [record.logits for record in records], retain_graph=True)
+        loss.backward()
+    real = batch["mask"]
+    length = real.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    visible = (causal & real[:, None, :, None] & real[:, None, None, :]).expand_as(grads[0])
 
-    for layer, (layer_logits, mask), grad in zip(attention_layers(task.model), captured, grads, strict=True):
-        visible = mask.expand_as(layer_logits) & batch["mask"][:, None, :, None]
+    for layer, record, grad in zip(layers, records, grads, strict=True):
         rms = grad[visible].square().mean().sqrt().item()
         assert logged[f"grad/logits/{layer.name}"] == pytest.approx(rms, rel=1e-4)
-        weights = layer.weights.detach()
+        weights = record.weights.detach()
         jacobian = (weights * (1 - weights)).sum(-1)[visible.any(-1)].mean().item()
         assert logged[f"grad/softmax_jac/{layer.name}"] == pytest.approx(jacobian, rel=1e-4)
     for name, param in task.model.named_parameters():
@@ -147,7 +141,7 @@ class RecordingCheck(L.Callback):
         self.recorded_steps = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if all(layer.record for layer in attention_layers(pl_module.model)):
+        if all(layer.record is not None for layer in attention_layers(pl_module.model)):
             self.recorded_steps.append(trainer.global_step)
 
 
@@ -165,11 +159,11 @@ def init_statistics(rule, d_k=256, n=16):
     """One head with d_k = 256 at init, unit-variance random inputs, a random upstream gradient."""
     torch.manual_seed(0)
     layer = MultiHeadAttention(d_k, 1, attn=AttentionConfig(scale=rule))
-    layer.record = True
     x = torch.randn(64, n, d_k)
-    (layer(x) * torch.randn(64, n, d_k)).sum().backward()
-    return {key: value.item() for key, value in layer_statistics(layer.weights, layer.logits, layer.logits.grad).items()
-            if key != "entropy_per_head"}  # fmt: skip
+    with recording(layer) as [record]:
+        (layer(x) * torch.randn(64, n, d_k)).sum().backward()
+    stats = layer_statistics(record.weights, record.logits, record.logits.grad)
+    return {key: value.item() for key, value in stats.items() if key != "entropy_per_head"}
 
 
 def test_at_init_unscaled_logits_saturate_and_starve_the_typical_row():

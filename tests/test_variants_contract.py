@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from attnlab.attention import VARIANTS, AttentionConfig, MultiHeadAttention
+from attnlab.probes import recording
 from attnlab.train import CONF_DIR  # importing it registers the config schemas
 
 CONF = Path(CONF_DIR) / "attention"
@@ -71,9 +72,9 @@ def test_shapes_self_and_cross(variant, scale):
     x, memory = torch.randn(2, 3, D_MODEL), torch.randn(2, 7, D_MODEL)
     assert layer(x).shape == (2, 3, D_MODEL)
     assert layer(x, memory).shape == (2, 3, D_MODEL)
-    layer.record = True
-    layer(x, memory)
-    assert layer.weights.shape == layer.logits.shape == (2, HEADS, 3, 7)
+    with recording(layer) as [record]:
+        layer(x, memory)
+    assert record.weights.shape == record.logits.shape == (2, HEADS, 3, 7)
 
 
 def test_causal_mask_never_leaks_the_future(variant, scale):
@@ -92,17 +93,17 @@ def test_padding_mask_is_respected(variant, scale):
     changed = memory.clone()
     changed[1, 4:] = 100 * torch.randn(2, D_MODEL)
     torch.testing.assert_close(layer(x, memory, key_mask=key_mask), layer(x, changed, key_mask=key_mask))
-    layer.record = True
-    layer(x, memory, key_mask=key_mask)
-    assert (layer.weights[1, :, :, 4:] == 0).all()
+    with recording(layer) as [record]:
+        layer(x, memory, key_mask=key_mask)
+    assert (record.weights[1, :, :, 4:] == 0).all()
 
 
 def test_rows_of_weights_sum_to_one(variant, scale):
     layer = make_layer(variant, scale)
-    layer.record = True
-    layer(torch.randn(2, 5, D_MODEL), causal=True)
-    torch.testing.assert_close(layer.weights.sum(-1), torch.ones(2, HEADS, 5))
-    assert (layer.weights >= 0).all()
+    with recording(layer) as [record]:
+        layer(torch.randn(2, 5, D_MODEL), causal=True)
+    torch.testing.assert_close(record.weights.sum(-1), torch.ones(2, HEADS, 5))
+    assert (record.weights >= 0).all()
 
 
 def test_permutation_equivariance(variant, scale):
@@ -127,8 +128,8 @@ def test_fast_and_explicit_paths_agree(variant, scale):
     x = torch.randn(2, 5, D_MODEL)
     key_mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
     fast = layer(x, key_mask=key_mask, causal=True)
-    layer.record = True
-    torch.testing.assert_close(layer(x, key_mask=key_mask, causal=True), fast)
+    with recording(layer):
+        torch.testing.assert_close(layer(x, key_mask=key_mask, causal=True), fast)
 
 
 def test_matches_the_reference_implementation(variant, scale):
@@ -136,10 +137,10 @@ def test_matches_the_reference_implementation(variant, scale):
         pytest.skip(f"no independent reference for {variant!r}")
     layer = make_layer(variant, scale)
     x, memory = torch.randn(2, 3, D_MODEL), torch.randn(2, 4, D_MODEL)
-    layer.record = True
-    layer(x, memory)
+    with recording(layer) as [record]:
+        layer(x, memory)
     with torch.no_grad():
         q = layer.split_heads(layer.q_proj(x), layer.d_k)
         k = layer.split_heads(layer.k_proj(memory), layer.d_k)
         expected = REFERENCES[variant](layer, q, k) / layer.temperature()
-    torch.testing.assert_close(layer.logits.detach(), expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(record.logits.detach(), expected, rtol=1e-4, atol=1e-5)

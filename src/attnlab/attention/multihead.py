@@ -55,11 +55,10 @@ class MultiHeadAttention(nn.Module):
     """Self- or cross-attention with h, d_k and d_v free.
 
     d_k defaults to d_model / h and d_v to d_k. ``forward(x, source=None, ...)`` attends
-    from x to ``source`` (x itself when None). Set ``record = True`` to make the layer
-    take the explicit path and keep, from its last call, ``logits`` (scaled, with
-    retained grad), ``weights``, ``mask`` (which keys each query could see, or None)
-    and ``query_mask`` (which queries are real tokens, or None), for probes; off, it
-    costs nothing.
+    from x to ``source`` (x itself when None). ``record`` is None, or a record a probe
+    installed (``attnlab.probes.record``): while one is there the layer takes the
+    explicit path and fills it with its logits, weights and visibility; with none it
+    keeps nothing and costs nothing.
     """
 
     def __init__(
@@ -90,8 +89,7 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(n_heads * d_v, d_model, bias=bias)
         self.score = make_score(attn.variant, d_k, n_heads, **attn.options)
         self.temperature = make_temperature(attn.scale, d_k, n_heads, init=attn.tau_init, per_head=attn.tau_per_head)
-        self.record = False
-        self.logits = self.weights = self.mask = self.query_mask = None
+        self.record = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -114,18 +112,17 @@ class MultiHeadAttention(nn.Module):
         key_mask: Tensor | None = None,
         causal: bool = False,
         attn_mask: Tensor | None = None,
-        query_mask: Tensor | None = None,
     ) -> Tensor:
         """x: (B, n, d_model); source: (B, m, d_model) or None for self-attention.
 
         key_mask: (B, m) bool, True = a real key (False = padding, never attended).
         attn_mask: bool, broadcastable to (B, h, n, m), True = may attend.
-        query_mask: (B, n) bool, True = a real query; only recorded, for the probes.
         """
-        source = x if source is None else source
+        self_attention = source is None
+        source = x if self_attention else source
         self.check_inputs(x, source, key_mask, attn_mask)
         tau = self.temperature()
-        fast = self.score.fused and not self.record
+        fast = self.score.fused and self.record is None
         if fast and isinstance(tau, Tensor) and self.score.linear:
             # A learned τ divides W_Q's h·d_k rows, not all B·n·h·d_k entries of q: the
             # same q/τ, nearly free (SDPA's own scale takes only a constant).
@@ -146,14 +143,13 @@ class MultiHeadAttention(nn.Module):
             out = fast_attention(q, k, v, tau, mask, causal, dropout_p)
         else:
             logits = self.score(q, k) / tau
-            if self.record:
-                if logits.requires_grad:
-                    logits.retain_grad()
-                self.logits = logits
             mask = visibility(mask, causal, q.shape[-2], k.shape[-2], q.device)
             out, weights = attend(logits, v, mask, dropout_p)
-            if self.record:
-                self.weights, self.mask, self.query_mask = weights, mask, query_mask
+            if self.record is not None:
+                visible = mask
+                if self_attention and key_mask is not None:  # a padded key is a padded query too
+                    visible = visible & key_mask.transpose(-1, -2)
+                self.record.keep(logits, weights, visible)
 
         batch, _, length, _ = out.shape
         out = out.transpose(1, 2).reshape(batch, length, self.n_heads * self.d_v)

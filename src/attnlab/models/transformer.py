@@ -116,11 +116,12 @@ class Block(nn.Module):
         memory_mask: Tensor | None = None,
     ) -> Tensor:
         """mask / memory_mask: (B, n) / (B, m) bool, True = real token."""
-        # query_mask only tells recording layers which query rows are padding.
-        self_attn = partial(self.self_attn, key_mask=mask, causal=causal, query_mask=mask)
+        self_attn = partial(self.self_attn, key_mask=mask, causal=causal)
         x = self.residual(x, self.norms[0], self_attn)
         if self.cross_attn is not None:
-            cross_attn = partial(self.cross_attn, source=memory, key_mask=memory_mask, query_mask=mask)
+            # A padded query attends to nothing (output 0), so probes can tell it is padding.
+            padded_queries = None if mask is None else mask[:, None, :, None]
+            cross_attn = partial(self.cross_attn, source=memory, key_mask=memory_mask, attn_mask=padded_queries)
             x = self.residual(x, self.norms[1], cross_attn)
         return self.residual(x, self.norms[-1], self.ffn)
 

@@ -26,6 +26,7 @@ from lightning.pytorch.utilities import grad_norm
 from torch import nn
 
 from attnlab.attention import MultiHeadAttention, tau_values
+from attnlab.probes.record import AttentionRecord, start_recording, stop_recording
 from attnlab.probes.statistics import layer_statistics
 
 
@@ -82,23 +83,23 @@ class AttentionProbe(Probe):
         super().__init__(every_n_steps)
         self.chunk_size = chunk_size
         self.layers: list[MultiHeadAttention] = []
+        self.records: list[AttentionRecord] = []
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self.layers = [m for m in pl_module.model.modules() if isinstance(m, MultiHeadAttention)]
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        recording = self.due(trainer)
-        for layer in self.layers:
-            layer.record = recording
+        if self.due(trainer) and not self.records:
+            self.records = start_recording(self.layers)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        if not self.layers or not self.layers[0].record:
+        if not self.records:
             return
         means, maxima = {}, {}
-        for layer in self.layers:
-            stats = layer_statistics(
-                layer.weights, layer.logits, layer.logits.grad, layer.mask, layer.query_mask, self.chunk_size
-            )
+        for layer, record in zip(self.layers, self.records, strict=True):
+            if not record.filled:  # a layer this step did not call
+                continue
+            stats = layer_statistics(record.weights, record.logits, record.logits.grad, record.visible, self.chunk_size)
             name = layer.name
             means[f"attn/entropy/{name}"] = stats["entropy"]
             for head, value in enumerate(stats["entropy_per_head"]):
@@ -116,9 +117,8 @@ class AttentionProbe(Probe):
         self.release()
 
     def release(self) -> None:
-        for layer in self.layers:
-            layer.record = False
-            layer.logits = layer.weights = layer.mask = layer.query_mask = None
+        stop_recording(self.layers)
+        self.records = []
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.release()

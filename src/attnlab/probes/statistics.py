@@ -38,17 +38,17 @@ def layer_statistics(
     weights: Tensor,
     logits: Tensor,
     logits_grad: Tensor | None = None,
-    mask: Tensor | None = None,
-    query_mask: Tensor | None = None,
+    visible: Tensor | None = None,
     chunk_size: int = 256,
 ) -> dict[str, Tensor]:
     """Statistics of one layer's (B, h, n, m) weights and logits; see the module doc.
 
-    mask: broadcastable to (B, h, n, m), True = visible; query_mask: (B, n), True = real.
+    visible: bool, broadcastable to (B, h, n, m), True = key j visible to query i; a
+    row with no visible key (a padded query) is left out. None = all visible.
     Returns scalars, and ``entropy_per_head`` of shape (h,).
     """
     batch, heads, n, m = weights.shape
-    visible_all = None if mask is None else mask.expand(batch, heads, n, m)
+    visible_all = None if visible is None else visible.expand(batch, heads, n, m)
     zeros = torch.zeros(heads, dtype=torch.float64, device=weights.device)
     entropy, rows, normalised, normalised_rows = zeros.clone(), zeros.clone(), zeros.clone(), zeros.clone()
     jacobian = saturated = logit_sum = logit_sq = entries = grad_sq = 0.0
@@ -60,14 +60,8 @@ def layer_statistics(
             rows_slice = slice(start, min(n, start + chunk_size))
             a = weights[:, :, rows_slice].double()
             s = logits[:, :, rows_slice].double()
-            if visible_all is None:
-                visible = torch.ones_like(a, dtype=torch.bool)
-            else:
-                visible = visible_all[:, :, rows_slice].clone()
+            visible = torch.ones_like(a, dtype=torch.bool) if visible_all is None else visible_all[:, :, rows_slice]
             valid = visible.any(dim=-1)  # (B, h, c): a real query with at least one visible key
-            if query_mask is not None:
-                valid &= query_mask[:, None, rows_slice]
-            visible &= valid[..., None]
 
             row_entropy = attention_entropy(a)
             entropy += (row_entropy * valid).sum(dim=(0, 2))
