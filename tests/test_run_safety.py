@@ -368,6 +368,8 @@ BAD_CONFIGS = [
     ("data.min_len=20", r"data.min_len=20 > data.max_len=12"),
     ("callbacks.probes.every_n_steps=0", r"callbacks.probes.every_n_steps=0 is not valid"),
     ("trainer=gpu", r"trainer.accelerator='gpu' but torch sees no CUDA GPU.*trainer=cpu"),
+    ("model.compile_mode=fast", r"model.compile_mode='fast' is not valid; accepted values: default, reduce-overhead"),
+    ("model.compile=maybe", r"model.compile"),
 ]
 CLI_CASES = ("model.d_k=16.5", "+model.nheads=4", "trainer=gpu")
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from attnlab import wandb_records
 from attnlab.config import ConfigError
@@ -19,6 +20,14 @@ FAST_CLI = [override for override in FAST if "checkpoint" not in override]
 
 def names(group):
     return sorted(path.stem for path in (CONF / group).glob("*.yaml"))
+
+
+def read_yaml(name: str) -> dict:
+    return OmegaConf.to_container(OmegaConf.load(CONF / f"{name}.yaml"))
+
+
+def last_checkpoint(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
 
 
 # --- smoke runs of every config ----------------------------------------------------------
@@ -65,12 +74,21 @@ def test_text_config_trains_the_lm(tmp_path):
 @pytest.mark.parametrize("attention", names("attention"))
 @pytest.mark.parametrize("scale", ["none", "dk", "learned", "0.5"])
 def test_every_attention_config_and_scale(tmp_path, attention, scale):
-    run_train(tmp_path, f"attention={attention}", f"attention.scale={scale}", "logger=none", "test=false")
+    loss = run_train(tmp_path, f"attention={attention}", f"attention.scale={scale}", "logger=none", "test=false")
+    written = last_checkpoint(tmp_path)
+    assert loss == loss and written["global_step"] == 6
+    assert str(written["hyper_parameters"]["config"]["attention"]["scale"]) == scale
+    learned = [key for key in written["state_dict"] if key.endswith("temperature.log_tau")]
+    assert bool(learned) == (scale == "learned")  # a learned τ is a parameter, in the checkpoint
 
 
 @pytest.mark.parametrize("optim", names("optim"))
 def test_every_optimiser_config(tmp_path, optim):
-    run_train(tmp_path, f"optim={optim}", "logger=none", "test=false")
+    loss = run_train(tmp_path, f"optim={optim}", "logger=none", "test=false")
+    written = last_checkpoint(tmp_path)
+    assert loss == loss
+    assert written["hyper_parameters"]["config"]["optim"]["name"] == read_yaml(f"optim/{optim}")["name"]
+    assert written["optimizer_states"][0]["state"]  # the optimizer stepped and its moments were saved
 
 
 def test_base_model_config_builds_and_steps(tmp_path):
@@ -78,6 +96,9 @@ def test_base_model_config_builds_and_steps(tmp_path):
         tmp_path, "model=transformer_base", "logger=none", "test=false",
         "trainer.max_steps=1", "trainer.val_check_interval=1", "data.val_size=8", "data.batch_size=4",
     )  # fmt: skip
+    state = last_checkpoint(tmp_path)["state_dict"]
+    assert {key.split(".")[3] for key in state if key.startswith("model.encoder.layers.")} == {str(i) for i in range(6)}
+    assert state["model.encoder.layers.0.ffn.0.weight"].shape == (2048, 512)
 
 
 @pytest.mark.parametrize("experiment", names("experiment"))
@@ -90,6 +111,7 @@ def test_every_experiment_runs_one_job(tmp_path, experiment):
     cfg = compose_run(tmp_path / "run", [f"experiment={experiment}", "logger=csv", *overrides], fast_data=fast_data)
     assert cfg.name == experiment
     train(cfg)
+    assert series(read_metrics(tmp_path / "run"), "val/loss")[1]
 
 
 @pytest.mark.parametrize("trainer", ["gpu", "ddp"])

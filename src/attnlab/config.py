@@ -16,6 +16,7 @@ import dataclasses
 import difflib
 import importlib
 import re
+import shutil
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,13 +45,18 @@ def check(function) -> dict:
 # Types and ranges only: the default values live in conf/ (MISSING here = the YAML sets it).
 
 
-# conf/model: model.kind, then the fields of attnlab.models.ModelConfig (it checks their ranges)
-# but the two that come from elsewhere: vocab_size (the data) and attention (its own group).
+# conf/model: model.kind, the fields of attnlab.models.ModelConfig (it checks their ranges)
+# but the two that come from elsewhere: vocab_size (the data) and attention (its own group),
+# and how to run it: model.compile (torch.compile) and its mode.
 _model_hints = typing.get_type_hints(ModelConfig)
 _model_fields = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("vocab_size", "attention")]
 ModelSchema = dataclasses.make_dataclass(
-    "ModelSchema", [("kind", str, MISSING)] + [(name, _model_hints[name], MISSING) for name in _model_fields]
+    "ModelSchema",
+    [("kind", str, MISSING)]
+    + [(name, _model_hints[name], MISSING) for name in _model_fields]
+    + [("compile", bool, False), ("compile_mode", str, "default")],
 )
+COMPILE_MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 ModelSchema.__module__ = __name__  # picklable by name, like the schemas written as classes
 
 
@@ -317,6 +323,12 @@ def validate(cfg: DictConfig, datasets: dict) -> None:
         raise qualify(error, "attention", [f.name for f in dataclasses.fields(AttentionConfig)]) from None
     model = OmegaConf.to_container(cfg.model, resolve=True)
     choice("model.kind", model.pop("kind", None), list(MODELS))
+    choice("model.compile_mode", model.pop("compile_mode", "default"), COMPILE_MODES)
+    if model.pop("compile", False) and not any(shutil.which(cxx) for cxx in ("c++", "g++", "clang++")):
+        raise ConfigError(
+            "model.compile=true needs a C++ compiler for torch.compile's generated code, and none is on PATH "
+            "(c++, g++, clang++); install one (Debian: apt install g++) or leave model.compile=false"
+        )
     try:
         ModelConfig(vocab_size=1, attention=attention, **model)
     except (TypeError, ValueError) as error:

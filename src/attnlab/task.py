@@ -23,9 +23,13 @@ from attnlab.perf import logs_this_step
 
 
 def build_model(model: dict, attention: dict, vocab_size: int) -> Transformer | DecoderLM:
-    fields = {key: value for key, value in model.items() if key != "kind"}
+    fields = {key: value for key, value in model.items() if key not in ("kind", "compile", "compile_mode")}
     cfg = ModelConfig(vocab_size=vocab_size, attention=AttentionConfig(**attention), **fields)
-    return MODELS[model["kind"]](cfg)
+    network = MODELS[model["kind"]](cfg)
+    if model.get("compile"):
+        # In place: parameter names and checkpoints stay those of the eager model.
+        network.compile(mode=model.get("compile_mode", "default"))
+    return network
 
 
 class SequenceTask(L.LightningModule):

@@ -141,19 +141,33 @@ class MultiHeadAttention(nn.Module):
         if fast:
             q, k = self.score.prepare(q, k)
             out = fast_attention(q, k, v, tau, mask, causal, dropout_p)
+        elif self.record is None:
+            out, *_ = self.weigh(q, k, v, tau, mask, causal, dropout_p)
         else:
-            logits = self.score(q, k) / tau
-            mask = visibility(mask, causal, q.shape[-2], k.shape[-2], q.device)
-            out, weights = attend(logits, v, mask, dropout_p)
-            if self.record is not None:
-                visible = mask
-                if self_attention and key_mask is not None:  # a padded key is a padded query too
-                    visible = visible & key_mask.transpose(-1, -2)
-                self.record.keep(logits, weights, visible)
+            # A padded key of self-attention is a padded query too: its row is marked unseen.
+            queries = key_mask.transpose(-1, -2) if self_attention and key_mask is not None else None
+            out = self.weigh_and_record(q, k, v, tau, mask, causal, dropout_p, queries)
 
         batch, _, length, _ = out.shape
         out = out.transpose(1, 2).reshape(batch, length, self.n_heads * self.d_v)
         return self.out_proj(out)
+
+    def weigh(self, q: Tensor, k: Tensor, v: Tensor, tau, mask: Tensor | None, causal: bool, dropout_p: float):
+        """The explicit path: logits = score / τ and their softmax, materialised."""
+        logits = self.score(q, k) / tau
+        mask = visibility(mask, causal, q.shape[-2], k.shape[-2], q.device)
+        out, weights = attend(logits, v, mask, dropout_p)
+        return out, logits, weights, mask
+
+    # Under torch.compile a probe step runs this part eagerly: retaining a gradient and
+    # filling a Python object are what compiled graphs cannot do.
+    @torch.compiler.disable
+    def weigh_and_record(self, q, k, v, tau, mask, causal, dropout_p, real_queries: Tensor | None) -> Tensor:
+        out, logits, weights, visible = self.weigh(q, k, v, tau, mask, causal, dropout_p)
+        if real_queries is not None:
+            visible = visible & real_queries
+        self.record.keep(logits, weights, visible)
+        return out
 
     def project_scaled(self, x: Tensor, tau: Tensor) -> Tensor:
         """x W_Qᵀ / τ with τ (one per head, (h, 1, 1), or one for the layer) on W_Q's rows."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import grad_norm
 from torch import nn
 
 from attnlab.attention import MultiHeadAttention, tau_values
@@ -59,20 +58,25 @@ class Probe(L.Callback):
 class GradientProbe(Probe):
     """L2 norms of the attention projection, FFN and embedding weight gradients, and the global norm."""
 
+    def on_fit_start(self, trainer, pl_module) -> None:
+        model = pl_module.model
+        weights = {name for name, module in model.named_modules() if isinstance(module, (nn.Linear, nn.Embedding))}
+        # (metric name or None, parameter) for every parameter; tied weights appear once.
+        self.parameters = [
+            (f"grad/norm/{name.removesuffix('.weight')}" if name.removesuffix(".weight") in weights else None, param)
+            for name, param in model.named_parameters()
+        ]
+
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if not self.due(trainer):
             return
-        norms = grad_norm(pl_module.model, norm_type=2)
-        total = norms.pop("grad_2.0_norm_total")
-        weights = {
-            name for name, module in pl_module.model.named_modules() if isinstance(module, (nn.Linear, nn.Embedding))
-        }
-        metrics = {"grad/global_norm": total}
-        for key, value in norms.items():
-            name = key.removeprefix("grad_2.0_norm/")
-            module, _, kind = name.rpartition(".")
-            if kind == "weight" and module in weights:
-                metrics[f"grad/norm/{name.removesuffix('.weight')}"] = value
+        named = [(name, param.grad) for name, param in self.parameters if param.grad is not None]
+        if not named:
+            return
+        # One fused call for all the norms, as torch.nn.utils.clip_grad_norm_ does.
+        norms = torch._foreach_norm([grad for _, grad in named])
+        metrics = {"grad/global_norm": torch.linalg.vector_norm(torch.stack(norms))}
+        metrics.update((name, norm) for (name, _), norm in zip(named, norms, strict=True) if name)
         log_step_metrics(trainer, metrics)
 
 

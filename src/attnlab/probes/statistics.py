@@ -24,6 +24,9 @@ import torch
 from torch import Tensor
 
 SATURATED = 0.99
+# What each query row adds up, in the order layer_statistics stacks them.
+ROW_SUMS = ("entropy", "normalised", "normalised_rows", "jacobian", "saturated", "rows", "entries",
+            "logit_sum", "logit_sq", "grad_sq")  # fmt: skip
 
 
 def attention_entropy(weights: Tensor) -> Tensor:
@@ -48,55 +51,60 @@ def layer_statistics(
     Returns scalars, and ``entropy_per_head`` of shape (h,).
     """
     batch, heads, n, m = weights.shape
-    visible_all = None if visible is None else visible.expand(batch, heads, n, m)
-    zeros = torch.zeros(heads, dtype=torch.float64, device=weights.device)
-    entropy, rows, normalised, normalised_rows = zeros.clone(), zeros.clone(), zeros.clone(), zeros.clone()
-    jacobian = saturated = logit_sum = logit_sq = entries = grad_sq = 0.0
-    logit_max = -math.inf
+    everything = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=weights.device)
+    visible_all = (everything if visible is None else visible).expand(batch, heads, n, m)
+    f64 = torch.float64
+    # Per-row values are computed in the logits' dtype (each row is a short sum) and
+    # accumulated in float64, per head, as tensors: no host sync per chunk.
+    sums = torch.zeros(len(ROW_SUMS), heads, dtype=f64, device=weights.device)
+    logit_max = torch.tensor(-math.inf, device=weights.device)
     row_grad_norms = []
 
     with torch.no_grad():
         for start in range(0, n, chunk_size):
             rows_slice = slice(start, min(n, start + chunk_size))
-            a = weights[:, :, rows_slice].double()
-            s = logits[:, :, rows_slice].double()
-            visible = torch.ones_like(a, dtype=torch.bool) if visible_all is None else visible_all[:, :, rows_slice]
-            valid = visible.any(dim=-1)  # (B, h, c): a real query with at least one visible key
-
+            a, s = weights[:, :, rows_slice], logits[:, :, rows_slice]
+            hidden = ~visible_all[:, :, rows_slice]
+            n_visible = (m - hidden.sum(dim=-1)).to(a.dtype)  # (B, h, c)
+            valid = n_visible > 0  # a real query with at least one visible key
+            comparable = n_visible > 1  # one visible key: entropy 0 of log 1
             row_entropy = attention_entropy(a)
-            entropy += (row_entropy * valid).sum(dim=(0, 2))
-            rows += valid.sum(dim=(0, 2))
-            n_visible = visible.sum(dim=-1)
-            comparable = valid & (n_visible > 1)  # one visible key: entropy 0 of log 1
-            normalised += (row_entropy / n_visible.clamp(min=2).log() * comparable).sum(dim=(0, 2))
-            normalised_rows += comparable.sum(dim=(0, 2))
-            jacobian += ((a * (1 - a)).sum(dim=-1) * valid).sum().item()
-            saturated += ((a.max(dim=-1).values > SATURATED) & valid).sum().item()
-
-            visible_logits = s[visible]
-            if visible_logits.numel():
-                logit_sum += visible_logits.sum().item()
-                logit_sq += visible_logits.square().sum().item()
-                entries += visible_logits.numel()
-                logit_max = max(logit_max, visible_logits.max().item())
+            s_seen = s.masked_fill(hidden, 0.0)
+            per_row = [
+                row_entropy,
+                row_entropy / n_visible.clamp(min=2).log() * comparable,
+                comparable,
+                (a * (1 - a)).sum(dim=-1),
+                a.amax(dim=-1) > SATURATED,
+                valid,
+                n_visible,
+                s_seen.sum(dim=-1),
+                s_seen.square().sum(dim=-1),
+            ]
+            logit_max = torch.maximum(logit_max, s.masked_fill(hidden, -math.inf).amax().float())
             if logits_grad is not None:
-                grad = logits_grad[:, :, rows_slice].double() * visible
-                grad_sq += grad.square().sum().item()
-                row_grad_norms.append(grad.norm(dim=-1)[valid])
+                grad = logits_grad[:, :, rows_slice].masked_fill(hidden, 0.0)
+                per_row.append(grad.square().sum(dim=-1))
+                # padded rows become NaN, which nanmedian skips: no boolean indexing (a host sync)
+                row_grad_norms.append(grad.double().norm(dim=-1).masked_fill(~valid, math.nan).flatten())
+            rows = torch.stack([value.to(a.dtype) for value in per_row]) * valid  # (K, B, h, c)
+            sums[: len(per_row)] += rows.sum(dim=(1, 3), dtype=f64)
 
-    total_rows = rows.sum().item()
-    mean = logit_sum / max(entries, 1)
+    per_head = dict(zip(ROW_SUMS, sums, strict=True))
+    total = {key: value.sum() for key, value in per_head.items()}
+    rows, entries = total["rows"].clamp(min=1), total["entries"].clamp(min=1)
+    mean = total["logit_sum"] / entries
     stats = {
-        "entropy": entropy.sum() / max(total_rows, 1),
-        "entropy_per_head": entropy / rows.clamp(min=1),
-        "entropy_norm": normalised.sum() / normalised_rows.sum().clamp(min=1),
-        "saturation": torch.tensor(saturated / max(total_rows, 1)),
-        "softmax_jac": torch.tensor(jacobian / max(total_rows, 1)),
-        "logit_std": torch.tensor(math.sqrt(max(logit_sq / max(entries, 1) - mean**2, 0.0))),
-        "logit_max": torch.tensor(logit_max),
+        "entropy": total["entropy"] / rows,
+        "entropy_per_head": per_head["entropy"] / per_head["rows"].clamp(min=1),
+        "entropy_norm": total["normalised"] / total["normalised_rows"].clamp(min=1),
+        "saturation": total["saturated"] / rows,
+        "softmax_jac": total["jacobian"] / rows,
+        "logit_std": (total["logit_sq"] / entries - mean.square()).clamp(min=0).sqrt(),
+        "logit_max": logit_max,
     }
     if logits_grad is not None:
-        stats["grad_logits"] = torch.tensor(math.sqrt(grad_sq / max(entries, 1)))
-        norms = torch.cat(row_grad_norms)
-        stats["grad_logits_row_median"] = norms.median() if norms.numel() else torch.tensor(0.0)
+        stats["grad_logits"] = (total["grad_sq"] / entries).sqrt()
+        median = torch.cat(row_grad_norms).nanmedian()
+        stats["grad_logits_row_median"] = median.nan_to_num(0.0)  # no real row at all: 0
     return {key: value.float() for key, value in stats.items()}
