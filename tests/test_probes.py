@@ -75,6 +75,14 @@ def test_statistics_equal_direct_formulas_and_do_not_depend_on_chunking():
         torch.testing.assert_close(unchunked[key], value, msg=key)
 
 
+def test_layers_stacked_on_a_leading_dim_get_what_each_gets_alone():
+    layers = [random_recorded_layer() for _ in range(3)]
+    together = layer_statistics(*(torch.stack(parts) for parts in zip(*layers, strict=True)), chunk_size=2)
+    for index, parts in enumerate(layers):
+        for key, value in layer_statistics(*parts, chunk_size=2).items():
+            torch.testing.assert_close(together[key][index], value, msg=key)
+
+
 # --- the probes inside a real training run match autograd -----------------------------------
 
 PROBE_EVERY_STEP = [

@@ -80,6 +80,18 @@ class GradientProbe(Probe):
         log_step_metrics(trainer, metrics)
 
 
+# Layers with at most this many attention weights are measured together (see statistics()).
+STACKED_SIZE = 2**20
+
+
+def stacked(records: list[AttentionRecord], name: str) -> torch.Tensor | None:
+    """One recorded field (``grad``: the logits' gradient) of the records, on a new leading dim if several."""
+    values = [record.logits.grad if name == "grad" else getattr(record, name) for record in records]
+    if values[0] is None:
+        return None
+    return torch.stack(values) if len(values) > 1 else values[0]
+
+
 class AttentionProbe(Probe):
     """Entropy, logit statistics, saturation and the gradient at the logits, per layer."""
 
@@ -100,10 +112,7 @@ class AttentionProbe(Probe):
         if not self.records:
             return
         means, maxima = {}, {}
-        for layer, record in zip(self.layers, self.records, strict=True):
-            if not record.filled:  # a layer this step did not call
-                continue
-            stats = layer_statistics(record.weights, record.logits, record.logits.grad, record.visible, self.chunk_size)
+        for layer, stats in self.statistics():
             name = layer.name
             means[f"attn/entropy/{name}"] = stats["entropy"]
             for head, value in enumerate(stats["entropy_per_head"]):
@@ -120,6 +129,29 @@ class AttentionProbe(Probe):
         log_step_metrics(trainer, maxima, reduce_op="max")
         self.release()
 
+    def statistics(self):
+        """(layer, its statistics) for every layer this step called, in model order.
+
+        Small layers of one shape are measured in one stacked call: at small sizes the
+        statistics cost a fixed ~0.5 ms per call, more than the arithmetic. Large layers
+        go one by one, so the probe never holds a second copy of them.
+        """
+        groups: dict[tuple, list] = {}
+        for layer, record in zip(self.layers, self.records, strict=True):
+            if record.filled:  # else a layer this step did not call
+                visible = None if record.visible is None else tuple(record.visible.shape)
+                small = record.weights.numel() <= STACKED_SIZE
+                key = (tuple(record.weights.shape), visible, record.logits.grad is None) if small else (id(layer),)
+                groups.setdefault(key, []).append((layer, record))
+        found = {}
+        for members in groups.values():
+            records = [record for _, record in members]
+            fields = [stacked(records, name) for name in ("weights", "logits", "grad", "visible")]
+            stats = layer_statistics(*fields, self.chunk_size)
+            for index, (layer, _) in enumerate(members):
+                found[layer] = {key: value[index] for key, value in stats.items()} if len(members) > 1 else stats
+        return [(layer, found[layer]) for layer in self.layers if layer in found]
+
     def release(self) -> None:
         stop_recording(self.layers)
         self.records = []
@@ -131,14 +163,20 @@ class AttentionProbe(Probe):
 class TemperatureProbe(Probe):
     """The temperature τ of every layer whose rule has parameters (``learned``), per head."""
 
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.layers = [
+            layer
+            for layer in pl_module.model.modules()
+            if isinstance(layer, MultiHeadAttention) and any(True for _ in layer.temperature.parameters())
+        ]
+
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        if not self.due(trainer):
+        if not self.layers or not self.due(trainer):
             return
         metrics = {}
-        for layer in pl_module.model.modules():
-            if isinstance(layer, MultiHeadAttention) and any(True for _ in layer.temperature.parameters()):
-                for head, tau in enumerate(tau_values(layer.temperature)):
-                    metrics[f"attn/tau/{layer.name}.H{head}"] = tau
+        for layer in self.layers:
+            for head, tau in enumerate(tau_values(layer.temperature)):
+                metrics[f"attn/tau/{layer.name}.H{head}"] = tau
         log_step_metrics(trainer, metrics)
 
 

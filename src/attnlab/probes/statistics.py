@@ -24,9 +24,9 @@ import torch
 from torch import Tensor
 
 SATURATED = 0.99
-# What each query row adds up, in the order layer_statistics stacks them.
-ROW_SUMS = ("entropy", "normalised", "normalised_rows", "jacobian", "saturated", "rows", "entries",
-            "logit_sum", "logit_sq", "grad_sq")  # fmt: skip
+# What layer_statistics adds up over all entries, and per head over rows, in stacking order.
+TOTALS = ("jacobian", "saturated", "entries", "logit_sum", "logit_sq", "grad_sq")
+PER_HEAD = ("entropy", "rows", "normalised", "normalised_rows")
 
 
 def attention_entropy(weights: Tensor) -> Tensor:
@@ -49,62 +49,71 @@ def layer_statistics(
     visible: bool, broadcastable to (B, h, n, m), True = key j visible to query i; a
     row with no visible key (a padded query) is left out. None = all visible.
     Returns scalars, and ``entropy_per_head`` of shape (h,).
+
+    Several layers of the same shape can be measured in one call, stacked on a leading
+    dim, (L, B, h, n, m): each statistic then has that leading dim, one value per layer.
     """
-    batch, heads, n, m = weights.shape
-    everything = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=weights.device)
-    visible_all = (everything if visible is None else visible).expand(batch, heads, n, m)
-    f64 = torch.float64
-    # Per-row values are computed in the logits' dtype (each row is a short sum) and
-    # accumulated in float64, per head, as tensors: no host sync per chunk.
-    sums = torch.zeros(len(ROW_SUMS), heads, dtype=f64, device=weights.device)
-    logit_max = torch.tensor(-math.inf, device=weights.device)
+    *lead, heads, n, m = weights.shape  # lead: (B,) or (L, B)
+    every = (-4, -3, -2, -1)  # batch, head, query and key dims: all but the layer's
+    if visible is None:
+        visible = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=weights.device)
+    visible = visible.expand(*lead, visible.shape[-3], n, m)  # heads stay broadcast
+    # Most sums run over whole chunks, not rows: an entry that is not visible is zeroed
+    # first, and so is every entry of a padded row, so it adds nothing. Only what needs a
+    # row (normalised entropy, the row median of the gradient) is summed per row. Each
+    # chunk's sums are taken in the input's dtype (pairwise, so accurate) and added up in
+    # float64, as tensors: no host sync per chunk.
+    totals = torch.zeros(len(TOTALS), *lead[:-1], dtype=torch.float64, device=weights.device)
+    per_head = torch.zeros(len(PER_HEAD), *lead[:-1], heads, dtype=torch.float64, device=weights.device)
+    logit_max = torch.full(lead[:-1], -math.inf, device=weights.device)
     row_grad_norms = []
+    tiny, biggest = torch.finfo(weights.dtype).tiny, torch.finfo(weights.dtype).max
 
     with torch.no_grad():
         for start in range(0, n, chunk_size):
             rows_slice = slice(start, min(n, start + chunk_size))
-            a, s = weights[:, :, rows_slice], logits[:, :, rows_slice]
-            hidden = ~visible_all[:, :, rows_slice]
-            n_visible = (m - hidden.sum(dim=-1)).to(a.dtype)  # (B, h, c)
-            valid = n_visible > 0  # a real query with at least one visible key
-            comparable = n_visible > 1  # one visible key: entropy 0 of log 1
-            row_entropy = attention_entropy(a)
-            s_seen = s.masked_fill(hidden, 0.0)
-            per_row = [
-                row_entropy,
-                row_entropy / n_visible.clamp(min=2).log() * comparable,
-                comparable,
-                (a * (1 - a)).sum(dim=-1),
-                a.amax(dim=-1) > SATURATED,
-                valid,
-                n_visible,
-                s_seen.sum(dim=-1),
-                s_seen.square().sum(dim=-1),
-            ]
-            logit_max = torch.maximum(logit_max, s.masked_fill(hidden, -math.inf).amax().float())
-            if logits_grad is not None:
-                grad = logits_grad[:, :, rows_slice].masked_fill(hidden, 0.0)
-                per_row.append(grad.square().sum(dim=-1))
-                # padded rows become NaN, which nanmedian skips: no boolean indexing (a host sync)
-                row_grad_norms.append(grad.double().norm(dim=-1).masked_fill(~valid, math.nan).flatten())
-            rows = torch.stack([value.to(a.dtype) for value in per_row]) * valid  # (K, B, h, c)
-            sums[: len(per_row)] += rows.sum(dim=(1, 3), dtype=f64)
+            seen = visible[..., rows_slice, :]  # (…, B, 1 or h, c, m)
+            seen_value = seen.to(weights.dtype)
+            a = weights[..., rows_slice, :] * seen_value  # a padded query's row (self-attention) is zeroed
+            s = logits[..., rows_slice, :] * seen_value
+            n_visible = seen_value.sum(dim=-1).expand(*lead, heads, -1)  # (…, B, h, c)
+            valid, comparable = n_visible > 0, n_visible > 1  # one visible key: entropy 0 of log 1
 
-    per_head = dict(zip(ROW_SUMS, sums, strict=True))
-    total = {key: value.sum() for key, value in per_head.items()}
-    rows, entries = total["rows"].clamp(min=1), total["entries"].clamp(min=1)
+            row_entropy = -(a * a.clamp_min(tiny).log()).sum(dim=-1)  # 0 · log(tiny) = 0 where a = 0
+            normalised = row_entropy / n_visible.clamp(min=2).log() * comparable
+            per_head += torch.stack([row_entropy, valid, normalised, comparable]).sum(dim=(-3, -1)).double()
+            sums = [
+                (a * (1 - a)).sum(dim=every),  # jacobian
+                # Weights sum to 1, so a row has at most one weight above 0.99: count entries.
+                (a > SATURATED).sum(dim=every),
+                n_visible.sum(dim=every[1:]),
+                s.sum(dim=every),
+                s.square().sum(dim=every),
+            ]
+            # hidden entries of s are 0; pushed to -max they can never be the maximum
+            logit_max = torch.maximum(logit_max, (s + (seen_value - 1) * biggest).amax(dim=every).float())
+            if logits_grad is not None:
+                grad_sq = (logits_grad[..., rows_slice, :] * seen_value).square().sum(dim=-1)  # (…, B, h, c)
+                sums.append(grad_sq.sum(dim=every[1:]))
+                # padded rows become NaN, which nanmedian skips: no boolean indexing (a host sync)
+                row_grad_norms.append(grad_sq.sqrt().masked_fill(~valid, math.nan).flatten(-3))
+            totals[: len(sums)] += torch.stack(sums).double()
+
+    total = dict(zip(TOTALS, totals, strict=True))
+    head = dict(zip(PER_HEAD, per_head, strict=True))
+    rows, entries = head["rows"].sum(dim=-1).clamp(min=1), total["entries"].clamp(min=1)
     mean = total["logit_sum"] / entries
     stats = {
-        "entropy": total["entropy"] / rows,
-        "entropy_per_head": per_head["entropy"] / per_head["rows"].clamp(min=1),
-        "entropy_norm": total["normalised"] / total["normalised_rows"].clamp(min=1),
+        "entropy": head["entropy"].sum(dim=-1) / rows,
+        "entropy_per_head": head["entropy"] / head["rows"].clamp(min=1),
+        "entropy_norm": head["normalised"].sum(dim=-1) / head["normalised_rows"].sum(dim=-1).clamp(min=1),
         "saturation": total["saturated"] / rows,
         "softmax_jac": total["jacobian"] / rows,
         "logit_std": (total["logit_sq"] / entries - mean.square()).clamp(min=0).sqrt(),
-        "logit_max": logit_max,
+        "logit_max": torch.where(logit_max > -biggest, logit_max, -math.inf),  # nothing visible: -inf
     }
     if logits_grad is not None:
         stats["grad_logits"] = (total["grad_sq"] / entries).sqrt()
-        median = torch.cat(row_grad_norms).nanmedian()
+        median = torch.cat(row_grad_norms, dim=-1).nanmedian(dim=-1).values
         stats["grad_logits_row_median"] = median.nan_to_num(0.0)  # no real row at all: 0
     return {key: value.float() for key, value in stats.items()}
