@@ -12,7 +12,8 @@ from attnlab.attention import AttentionConfig, MultiHeadAttention
 from attnlab.data import build_data
 from attnlab.data.module import IGNORE
 from attnlab.models import attention_layers, sequence_loss
-from attnlab.probes import attention_entropy, layer_statistics, recording
+from attnlab.probes import AttentionRecord, attention_entropy, layer_statistics, recording
+from attnlab.probes.statistics import records_statistics
 from attnlab.runs import read_metrics
 from attnlab.task import SequenceTask
 from helpers import compose_run, run_train, wandb_run_files
@@ -81,6 +82,19 @@ def test_layers_stacked_on_a_leading_dim_get_what_each_gets_alone():
     for index, parts in enumerate(layers):
         for key, value in layer_statistics(*parts, chunk_size=2).items():
             torch.testing.assert_close(together[key][index], value, msg=key)
+
+
+def test_records_of_different_shapes_measured_together_get_what_each_gets_alone():
+    records = []
+    for n, m, masked in ((7, 9, True), (5, 9, True), (7, 6, False), (7, 9, True)):
+        weights, logits, grad, mask = random_recorded_layer(n=n, m=m)
+        logits.requires_grad_(True).grad = grad
+        records.append(AttentionRecord(logits=logits, weights=weights, visible=mask if masked else None))
+    for record, together in zip(records, records_statistics(records, chunk_size=3), strict=True):
+        alone = layer_statistics(record.weights, record.logits, record.logits.grad, record.visible, chunk_size=3)
+        assert together.keys() == alone.keys()
+        for key, value in alone.items():
+            torch.testing.assert_close(together[key], value, msg=key)
 
 
 # --- the probes inside a real training run match autograd -----------------------------------

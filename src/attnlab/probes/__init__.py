@@ -2,7 +2,7 @@
 
 from attnlab.probes.callbacks import AttentionProbe, GradientProbe, Probe, TemperatureProbe, build_probes
 from attnlab.probes.record import AttentionRecord, recording, start_recording, stop_recording
-from attnlab.probes.statistics import attention_entropy, layer_statistics
+from attnlab.probes.statistics import attention_entropy, layer_statistics, records_statistics
 
 __all__ = [
     "AttentionProbe",
@@ -14,6 +14,7 @@ __all__ = [
     "build_probes",
     "layer_statistics",
     "recording",
+    "records_statistics",
     "start_recording",
     "stop_recording",
 ]

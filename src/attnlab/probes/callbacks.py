@@ -26,7 +26,7 @@ from torch import nn
 
 from attnlab.attention import MultiHeadAttention, tau_values
 from attnlab.probes.record import AttentionRecord, start_recording, stop_recording
-from attnlab.probes.statistics import layer_statistics
+from attnlab.probes.statistics import records_statistics
 
 
 def log_step_metrics(trainer: L.Trainer, metrics: dict, reduce_op: str = "mean") -> None:
@@ -80,18 +80,6 @@ class GradientProbe(Probe):
         log_step_metrics(trainer, metrics)
 
 
-# Layers with at most this many attention weights are measured together (see statistics()).
-STACKED_SIZE = 2**20
-
-
-def stacked(records: list[AttentionRecord], name: str) -> torch.Tensor | None:
-    """One recorded field (``grad``: the logits' gradient) of the records, on a new leading dim if several."""
-    values = [record.logits.grad if name == "grad" else getattr(record, name) for record in records]
-    if values[0] is None:
-        return None
-    return torch.stack(values) if len(values) > 1 else values[0]
-
-
 class AttentionProbe(Probe):
     """Entropy, logit statistics, saturation and the gradient at the logits, per layer."""
 
@@ -129,28 +117,11 @@ class AttentionProbe(Probe):
         log_step_metrics(trainer, maxima, reduce_op="max")
         self.release()
 
-    def statistics(self):
-        """(layer, its statistics) for every layer this step called, in model order.
-
-        Small layers of one shape are measured in one stacked call: at small sizes the
-        statistics cost a fixed ~0.5 ms per call, more than the arithmetic. Large layers
-        go one by one, so the probe never holds a second copy of them.
-        """
-        groups: dict[tuple, list] = {}
-        for layer, record in zip(self.layers, self.records, strict=True):
-            if record.filled:  # else a layer this step did not call
-                visible = None if record.visible is None else tuple(record.visible.shape)
-                small = record.weights.numel() <= STACKED_SIZE
-                key = (tuple(record.weights.shape), visible, record.logits.grad is None) if small else (id(layer),)
-                groups.setdefault(key, []).append((layer, record))
-        found = {}
-        for members in groups.values():
-            records = [record for _, record in members]
-            fields = [stacked(records, name) for name in ("weights", "logits", "grad", "visible")]
-            stats = layer_statistics(*fields, self.chunk_size)
-            for index, (layer, _) in enumerate(members):
-                found[layer] = {key: value[index] for key, value in stats.items()} if len(members) > 1 else stats
-        return [(layer, found[layer]) for layer in self.layers if layer in found]
+    def statistics(self) -> list[tuple[MultiHeadAttention, dict]]:
+        """(layer, its statistics) for every layer this step called, in model order."""
+        called = [(layer, record) for layer, record in zip(self.layers, self.records, strict=True) if record.filled]
+        measured = records_statistics([record for _, record in called], self.chunk_size)
+        return [(layer, stats) for (layer, _), stats in zip(called, measured, strict=True)]
 
     def release(self) -> None:
         stop_recording(self.layers)
