@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from attnlab.attention import MultiHeadAttention, tau_values
+from attnlab.models import attention_layers
 from attnlab.probes.record import AttentionRecord, start_recording, stop_recording
 from attnlab.probes.statistics import records_statistics
 
@@ -90,7 +91,7 @@ class AttentionProbe(Probe):
         self.records: list[AttentionRecord] = []
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        self.layers = [m for m in pl_module.model.modules() if isinstance(m, MultiHeadAttention)]
+        self.layers = attention_layers(pl_module.model)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.due(trainer) and not self.records:
@@ -135,11 +136,8 @@ class TemperatureProbe(Probe):
     """The temperature τ of every layer whose rule has parameters (``learned``), per head."""
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        self.layers = [
-            layer
-            for layer in pl_module.model.modules()
-            if isinstance(layer, MultiHeadAttention) and any(True for _ in layer.temperature.parameters())
-        ]
+        layers = attention_layers(pl_module.model)
+        self.layers = [layer for layer in layers if any(True for _ in layer.temperature.parameters())]
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if not self.layers or not self.due(trainer):
