@@ -56,8 +56,27 @@ def run_train(run_dir, *overrides, fast=True, fast_data=True, **kwargs):
     return train(compose_run(run_dir, list(overrides), fast, fast_data), **kwargs)
 
 
-def wandb_run_files(run_dir):
-    return sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb"))
+def wandb_run_files(run_dir, timeout: float = 15):
+    """The run's offline W&B files, each read only once it holds its exit record.
+
+    wandb's service can still be writing a file after ``wandb.finish()`` returns, and a
+    reader then misses the last rows (seen once in CI: the step-25 probe row of a 30-step
+    run). A run killed outright never writes an exit record: after ``timeout`` seconds it is
+    returned as it is.
+    """
+    from attnlab import wandb_records
+
+    files = sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb"))
+    deadline = time.monotonic() + timeout
+    for path in files:
+        while time.monotonic() < deadline:
+            try:
+                if any(record.WhichOneof("record_type") == "exit" for record in wandb_records.records(path)):
+                    break
+            except ValueError:  # a chunk half-written at this moment
+                pass
+            time.sleep(0.2)
+    return files
 
 
 def cli(*args, cwd=ROOT, timeout=600):
