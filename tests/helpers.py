@@ -79,8 +79,8 @@ def wandb_run_files(run_dir, timeout: float = 15):
     return files
 
 
-def cli(*args, cwd=ROOT, timeout=600):
-    """Run the installed console script in a subprocess; returns CompletedProcess."""
+def cli(*args, cwd=ROOT, timeout=600, env=None):
+    """Run the installed console script in a subprocess (``env``: variables to add); returns CompletedProcess."""
     script = Path(sys.executable).parent / args[0]
     return subprocess.run(
         [str(script), *args[1:]],
@@ -88,7 +88,7 @@ def cli(*args, cwd=ROOT, timeout=600):
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=os.environ.copy(),
+        env={**os.environ, **(env or {})},
     )
 
 

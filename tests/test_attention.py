@@ -11,6 +11,7 @@ from attnlab.attention import (
     AttentionConfig,
     MultiHeadAttention,
     attention,
+    key_counts,
     make_temperature,
     tau_values,
 )
@@ -57,7 +58,7 @@ def test_rule_values(rule):
 
 
 def test_rule_table_is_public_and_complete():
-    assert set(TEMPERATURES) == {"none", "sqrt_dk", "dk", "learned"}
+    assert {"none", "sqrt_dk", "dk", "learned", "mup", "log_n", "ssmax"} <= set(TEMPERATURES)
 
 
 def test_number_as_string_is_a_fixed_divisor():
@@ -75,9 +76,101 @@ def test_bad_rule_names_the_value_and_the_choices(bad):
 
 
 def test_learned_per_layer_and_custom_init():
-    temperature = make_temperature("learned", 64, 8, init=2.0, per_head=False)
+    temperature = make_temperature("learned", 64, 8, init=2.0, per_head=False)  # scale_options.learned
     assert temperature.log_tau.shape == (1, 1, 1)
     torch.testing.assert_close(tau_values(temperature), torch.full((8,), 2.0))
+
+
+# --- rules that see the number of keys, the soft cap, μP ---------------------------------
+
+PADDED = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])  # batch 1: the last 2 keys are padding
+
+
+def test_key_counts_by_hand():
+    mask = PADDED[:, None, None, :]
+    counts = key_counts(mask, True, 5, 5, "cpu")
+    assert counts.shape == (2, 1, 5, 1)
+    assert counts[:, 0, :, 0].tolist() == [[1, 2, 3, 4, 5], [1, 2, 3, 3, 3]]
+    assert key_counts(mask, False, 5, 5, "cpu").flatten().tolist() == [5, 3]  # one count per sequence
+    assert key_counts(None, True, 3, 5, "cpu").flatten().tolist() == [1, 2, 3]  # top-left aligned, as SDPA
+    assert key_counts(None, False, 3, 4, "cpu").flatten().tolist() == [4]
+    nothing = torch.zeros(1, 1, 2, 4, dtype=torch.bool)  # rows that see no key count as 1, never 0
+    assert key_counts(nothing, False, 2, 4, "cpu").flatten().tolist() == [1, 1]
+
+
+def recorded_logits(layer, x, **kwargs):
+    """The logits softmax sees (explicit path), and q·k by hand from the layer's own projections."""
+    with recording(layer) as [record]:
+        layer(x, **kwargs)
+    with torch.no_grad():
+        q = layer.split_heads(layer.q_proj(x), layer.d_k)
+        k = layer.split_heads(layer.k_proj(x), layer.d_k)
+    return record.logits.detach(), q @ k.transpose(-2, -1)
+
+
+# n per query row of batch 1 under PADDED + causal: rows 0..4 see 1, 2, 3, 3, 3 keys; n < 2 counts as 2.
+LOG_N = torch.tensor([[math.log(n) for n in (2, 2, 3, 4, 5)], [math.log(n) for n in (2, 2, 3, 3, 3)]])
+
+
+def test_log_n_scales_each_row_by_the_log_of_its_visible_keys():
+    layer = MultiHeadAttention(16, 2, attn=AttentionConfig(scale="log_n")).eval()
+    logits, dots = recorded_logits(layer, torch.randn(2, 5, 16), key_mask=PADDED, causal=True)
+    expected = dots / math.sqrt(8) * LOG_N[:, None, :, None]
+    visible = PADDED[:, None, None, :] & torch.ones(5, 5, dtype=torch.bool).tril()
+    torch.testing.assert_close(logits[visible.expand_as(logits)], expected[visible.expand_as(expected)])
+
+
+def test_ssmax_multiplies_by_s_log_n_per_head():
+    layer = MultiHeadAttention(16, 2, attn=AttentionConfig(scale="ssmax")).eval()
+    with torch.no_grad():
+        layer.temperature.s.copy_(torch.tensor([0.5, 2.0]).view(2, 1, 1))
+    logits, dots = recorded_logits(layer, torch.randn(2, 5, 16), key_mask=PADDED, causal=True)
+    expected = dots / math.sqrt(8) * torch.tensor([0.5, 2.0]).view(1, 2, 1, 1) * LOG_N[:, None, :, None]
+    visible = (PADDED[:, None, None, :] & torch.ones(5, 5, dtype=torch.bool).tril()).expand_as(logits)
+    torch.testing.assert_close(logits[visible], expected[visible])
+
+
+def test_ssmax_starts_equal_to_sqrt_dk_at_its_base_length():
+    rule = make_temperature("ssmax", 16, 4, base_length=20)
+    torch.testing.assert_close(rule(torch.tensor([[20.0]])), torch.full((4, 1, 1), 4.0))
+    assert rule(torch.tensor([[40.0]])).max() < 4.0  # longer rows: sharper (a smaller τ)
+    assert set(rule.logged()) == {"ssmax_s"} and rule.logged()["ssmax_s"].shape == (4,)
+
+
+@pytest.mark.parametrize("d_k,base,expected", [(64, 64, 8.0), (16, 64, 2.0), (256, 64, 32.0), (32, 16, 8.0)])
+def test_mup_multiplier_is_sqrt_dk_at_the_base_width_and_grows_like_dk(d_k, base, expected):
+    rule = make_temperature("mup", d_k, 2, base_d_k=base)
+    assert rule() == pytest.approx(expected)
+    if d_k == base:
+        assert rule() == pytest.approx(math.sqrt(d_k))
+
+
+@pytest.mark.parametrize("scale", ["none", "sqrt_dk", "learned"])
+def test_softcap_bounds_the_logits_and_is_the_formula(scale):
+    cap = 3.0
+    layer = MultiHeadAttention(16, 2, attn=AttentionConfig(scale=scale, softcap=cap)).eval()
+    x = 4 * torch.randn(2, 5, 16)  # large logits, well past the cap
+    logits, dots = recorded_logits(layer, x, key_mask=PADDED)
+    uncapped = dots / layer.temperature().detach() if scale == "learned" else dots / make_temperature(scale, 8, 2)()
+    assert uncapped.abs().max() > 2 * cap
+    visible = PADDED[:, None, None, :].expand_as(logits)
+    assert logits[visible].abs().max() <= cap  # (−c, c), closed in float32 where tanh rounds to ±1
+    torch.testing.assert_close(logits[visible], (cap * torch.tanh(uncapped / cap))[visible])
+    # A capped layer takes the explicit path even when nothing records: the output is the formula's.
+    weights = torch.softmax((cap * torch.tanh(uncapped / cap)).masked_fill(~visible, -1e9), dim=-1)
+    with torch.no_grad():
+        v = layer.split_heads(layer.v_proj(x), layer.d_v)
+        expected = layer.out_proj((weights @ v).transpose(1, 2).reshape(2, 5, 16))
+        torch.testing.assert_close(layer(x, key_mask=PADDED), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_zero_query_init_gives_uniform_weights_and_still_learns_w_q():
+    layer = MultiHeadAttention(16, 2, attn=AttentionConfig(scale="mup", zero_query_init=True))
+    x = torch.randn(2, 5, 16)
+    with recording(layer) as [record]:
+        layer(x).pow(2).sum().backward()
+    torch.testing.assert_close(record.weights.detach(), torch.full((2, 2, 5, 5), 0.2))
+    assert layer.q_proj.weight.grad.abs().sum() > 0
 
 
 # --- fast path = SDPA = explicit path ----------------------------------------------------
@@ -252,7 +345,10 @@ def test_multihead_sizes_are_checked(kwargs, expected):
     "kwargs,expected",
     [
         ({"dropout": 1.5}, r"dropout=1.5 is not valid; it must be a number in \[0, 1\)"),
-        ({"tau_init": 0.0}, r"tau_init=0.0 is not valid"),
+        ({"scale": "learned", "scale_options": {"learned": {"init": 0.0}}}, r"scale_options.learned.init=0.0 is not"),
+        ({"scale": "learned", "scale_options": {"learned": {"int": 2}}}, r"learned.int is not an option .* init, per"),
+        ({"scale": "ssmax", "scale_options": {"ssmax": {"base_length": 1}}}, r"ssmax.base_length=1 is not valid"),
+        ({"softcap": 0}, r"softcap=0 is not valid; it must be a finite number > 0"),
         ({"scale": "sqrt"}, r"scale='sqrt' is not valid; accepted values: none, sqrt_dk, dk, learned"),
         ({"variant": "bilinear"}, r"variant='bilinear' is not a registered variant"),
     ],

@@ -60,8 +60,8 @@ def test_transformer_overfits_a_copy_batch_and_decodes_it(pre_norm, scale):
 @pytest.mark.parametrize("variant", ["dot", "cosine", "additive"])
 def test_decoder_lm_overfits_a_batch(variant):
     scale = {"dot": "sqrt_dk", "cosine": "learned", "additive": "none"}[variant]
-    tau_init = 0.1 if variant == "cosine" else None
-    model = DecoderLM(tiny(attention=AttentionConfig(variant=variant, scale=scale, tau_init=tau_init)))
+    options = {"learned": {"init": 0.1}} if variant == "cosine" else {}
+    model = DecoderLM(tiny(attention=AttentionConfig(variant=variant, scale=scale, scale_options=options)))
     tokens = torch.randint(0, 16, (4, 12))
     final = overfit(model, lambda: sequence_loss(model(tokens[:, :-1]), tokens[:, 1:]), steps=200)
     assert final < 0.1

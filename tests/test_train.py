@@ -228,6 +228,25 @@ def test_cli_reports_a_bad_config_and_a_bad_group_choice(tmp_path):
     assert result.returncode != 0 and "data/imagenet" in result.stderr and "copy" in result.stderr
 
 
+def test_a_rule_from_the_users_own_module_runs_from_the_cli(tmp_path):
+    """tests/user_rule.py registers `sqrt_length`; `imports=` is all the CLI needs to run it."""
+    tests_dir = {"PYTHONPATH": str(ROOT / "tests")}
+    result = cli("attnlab-train", f"hydra.run.dir={tmp_path / 'run'}", "imports=[user_rule]",
+                 "attention.scale=sqrt_length", "+attention.scale_options.sqrt_length.base=16",
+                 *FAST, "callbacks.probes.every_n_steps=3", "logger.wandb=false", env=tests_dir)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = OmegaConf.load(tmp_path / "run" / "config.yaml")
+    assert config.attention.scale == "sqrt_length" and config.attention.scale_options.sqrt_length.base == 16
+    header = (tmp_path / "run" / "csv/version_0/metrics.csv").read_text().splitlines()[0].split(",")
+    assert "attn/gain/enc.L0.H0" in header and "attn/entropy/dec.cross.L0" in header
+
+    result = cli("attnlab-train", f"hydra.run.dir={tmp_path / 'bad'}", "imports=[no_such_rules]", env=tests_dir)
+    assert result.returncode != 0 and "imports: module 'no_such_rules' cannot be imported" in result.stderr
+    result = cli("attnlab-train", f"hydra.run.dir={tmp_path / 'bad'}", "attention.scale=sqrt_length")
+    assert result.returncode != 0 and "register your own rule with @register_temperature" in result.stderr
+    assert not (tmp_path / "bad").exists()
+
+
 # --- sweeps: DDP inside a multirun, and the joblib launcher ------------------------------
 
 

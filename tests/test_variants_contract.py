@@ -1,9 +1,13 @@
-"""The contract every registered attention variant must keep (README: "Adding a variant").
+"""The contract every registered attention variant and τ rule must keep (README: "Adding
+a variant", "Adding a temperature rule").
 
-It runs over attnlab.attention.VARIANTS, so a new variant is checked as soon as it is
-registered; REFERENCES holds independent implementations where one exists.
+It runs over every variant in attnlab.attention.VARIANTS × every rule in TEMPERATURES
+(and a fixed number), so a new variant or rule is checked as soon as it is registered;
+REFERENCES holds independent implementations of the scores where one exists. The
+rules' own formulas are checked by hand in test_attention.py.
 """
 
+import contextlib
 import functools
 from pathlib import Path
 
@@ -13,7 +17,8 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from attnlab.attention import VARIANTS, AttentionConfig, MultiHeadAttention
+import user_rule  # noqa: F401  (a rule from outside the package: registering it is all it takes)
+from attnlab.attention import TEMPERATURES, VARIANTS, AttentionConfig, MultiHeadAttention, key_counts, rule_options
 from attnlab.probes import recording
 from attnlab.train import CONF_DIR  # importing it registers the config schemas
 
@@ -57,7 +62,7 @@ def make_layer(variant, scale):
     return MultiHeadAttention(D_MODEL, HEADS, d_k=6, d_v=5, attn=cfg).eval()
 
 
-CASES = [(variant, scale) for variant in sorted(VARIANTS) for scale in ("none", "sqrt_dk", "learned")]
+CASES = [(variant, scale) for variant in sorted(VARIANTS) for scale in [*sorted(TEMPERATURES), 2.5]]
 pytestmark = pytest.mark.parametrize("variant,scale", CASES)
 
 
@@ -65,6 +70,24 @@ def test_every_variant_has_a_config_and_every_config_a_variant(variant, scale):
     assert (CONF / f"{variant}.yaml").exists(), f"add conf/attention/{variant}.yaml"
     named = {attention_config(path.stem)["variant"] for path in CONF.glob("*.yaml")}
     assert named <= set(VARIANTS)
+
+
+def test_the_options_in_the_config_are_options_of_their_rule(variant, scale):
+    for rule, options in attention_config(variant)["scale_options"].items():
+        assert rule in TEMPERATURES, f"scale_options.{rule}: no such rule"
+        assert set(options) <= set(rule_options(rule)), f"scale_options.{rule}: {set(options)}"
+
+
+def test_tau_is_constant_along_the_keys_and_broadcasts_to_the_logits(variant, scale):
+    layer = make_layer(variant, scale)
+    mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])[:, None, None, :]
+    tau = layer.temperature(key_counts(mask, True, 6, 6, "cpu"))
+    if isinstance(tau, torch.Tensor):
+        shape = torch.broadcast_shapes(tau.shape, (2, HEADS, 6, 1))
+        assert shape == (2, HEADS, 6, 1), f"tau of shape {tuple(tau.shape)} varies along the keys"
+        assert torch.isfinite(tau).all() and (tau > 0).all()
+    else:
+        assert tau > 0
 
 
 def test_shapes_self_and_cross(variant, scale):
@@ -98,6 +121,19 @@ def test_padding_mask_is_respected(variant, scale):
     assert (record.weights[1, :, :, 4:] == 0).all()
 
 
+def test_a_row_that_sees_no_key_gives_zeros_and_finite_gradients(variant, scale):
+    """A padded target position in cross-attention: its row is all masked."""
+    layer = make_layer(variant, scale).train()
+    x, memory = torch.randn(2, 3, D_MODEL), torch.randn(2, 4, D_MODEL)
+    rows = torch.tensor([[True, True, True], [True, True, False]])[:, None, :, None]
+    for record in (False, True):
+        with recording(layer) if record else contextlib.nullcontext():
+            out = layer(x, memory, attn_mask=rows)
+            out.pow(2).sum().backward()
+        torch.testing.assert_close(out[1, 2], layer.out_proj.bias.detach())
+        assert all(torch.isfinite(param.grad).all() for param in layer.parameters())
+
+
 def test_rows_of_weights_sum_to_one(variant, scale):
     layer = make_layer(variant, scale)
     with recording(layer) as [record]:
@@ -123,13 +159,23 @@ def test_gradients_reach_every_parameter(variant, scale):
         assert torch.isfinite(param.grad).all() and param.grad.abs().sum() > 0, name
 
 
-def test_fast_and_explicit_paths_agree(variant, scale):
+def test_fast_and_explicit_paths_agree_with_their_gradients(variant, scale):
+    """Outputs and every parameter's gradient (the rule's own included), padded and causal rows alike."""
     layer = make_layer(variant, scale)
     x = torch.randn(2, 5, D_MODEL)
     key_mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
-    fast = layer(x, key_mask=key_mask, causal=True)
+    upstream = torch.randn(2, 5, D_MODEL)
+
+    def run():
+        out = layer(x, key_mask=key_mask, causal=True)
+        return out, torch.autograd.grad((out * upstream).sum(), list(layer.parameters()))
+
+    fast, fast_grads = run()
     with recording(layer):
-        torch.testing.assert_close(layer(x, key_mask=key_mask, causal=True), fast)
+        explicit, explicit_grads = run()
+    torch.testing.assert_close(explicit, fast)
+    for (name, _), fast_grad, explicit_grad in zip(layer.named_parameters(), fast_grads, explicit_grads, strict=True):
+        torch.testing.assert_close(explicit_grad, fast_grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_matches_the_reference_implementation(variant, scale):
@@ -142,5 +188,5 @@ def test_matches_the_reference_implementation(variant, scale):
     with torch.no_grad():
         q = layer.split_heads(layer.q_proj(x), layer.d_k)
         k = layer.split_heads(layer.k_proj(memory), layer.d_k)
-        expected = REFERENCES[variant](layer, q, k) / layer.temperature()
+        expected = REFERENCES[variant](layer, q, k) / layer.temperature(key_counts(None, False, 3, 4, "cpu"))
     torch.testing.assert_close(record.logits.detach(), expected, rtol=1e-4, atol=1e-5)

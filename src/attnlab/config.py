@@ -228,6 +228,7 @@ class TrainSchema:
     resume: str | None = MISSING
     test: bool = MISSING
     optimized_metric: str = MISSING
+    imports: list[str] = field(default_factory=list)
     run_dir: str = MISSING
     paths: PathsSchema = MISSING
     attention: AttentionConfig = MISSING
@@ -264,9 +265,9 @@ def choice(key: str, value, accepted) -> None:
 
 
 def qualify(error: ValueError, prefix: str, names) -> ConfigError:
-    """'d_k=0 is not valid…' from a library check → 'model.d_k=0 is not valid…'."""
-    pattern = re.compile(rf"(?<![\w.])({'|'.join(map(re.escape, names))})=")
-    return ConfigError(pattern.sub(rf"{prefix}.\1=", str(error)))
+    """'d_k=0 is not valid…' from a library check → 'model.d_k=0 is not valid…' (also 'scale_options.x.y=')."""
+    pattern = re.compile(rf"(?<![\w.])({'|'.join(map(re.escape, names))})(?=[=.])")
+    return ConfigError(pattern.sub(rf"{prefix}.\1", str(error)))
 
 
 def check_node(node: DictConfig, path: str) -> None:
@@ -310,12 +311,25 @@ def check_target(key: str, spec) -> None:
                           "give the full dotted path of a class") from None  # fmt: skip
 
 
+def import_plugins(modules) -> None:
+    """Import the modules named in ``imports``: your own variants and rules register themselves there."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ConfigError(
+                f"imports: module {module!r} cannot be imported ({error}); give a module on PYTHONPATH "
+                "(e.g. imports=[my_rules] with my_rules.py in the working directory or PYTHONPATH)"
+            ) from None
+
+
 def validate(cfg: DictConfig, datasets: dict) -> None:
     """Everything a run config must satisfy that Hydra's types cannot say."""
     from attnlab.models import MODELS
     from attnlab.optim import OPTIMIZERS, SCHEDULES
 
     check_node(cfg, "")
+    import_plugins(cfg.get("imports") or [])
     attention = OmegaConf.to_container(cfg.attention, resolve=True)
     try:
         attention = AttentionConfig(**attention)

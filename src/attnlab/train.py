@@ -76,6 +76,9 @@ def resumed_config(cfg: DictConfig, resume: str, overrides) -> DictConfig:
     resumed = OmegaConf.load(run_dir / "config.yaml")
     if "paths" not in resumed:  # saved before conf/paths existed
         resumed.paths = {"cache_dir": resumed.pop("cache_dir"), "outputs": "outputs", "multirun": "multirun"}
+    if "tau_init" in resumed.attention:  # saved before the rules took their options from scale_options
+        learned = {"init": resumed.attention.pop("tau_init"), "per_head": resumed.attention.pop("tau_per_head")}
+        resumed.attention.scale_options = {"learned": learned}
     resumed.resume = str(run_dir)
     resumed.run_dir = str(run_dir.resolve())  # here, wherever the run first lived
     for key in set(override_keys(overrides)) & set(ON_RESUME):

@@ -33,6 +33,19 @@ def visibility(mask: Tensor | None, causal: bool, n: int, m: int, device: torch.
     return mask
 
 
+def key_counts(mask: Tensor | None, causal: bool, n: int, m: int, device: torch.device) -> Tensor:
+    """How many keys each query row may attend to: a float tensor broadcastable to (..., n, 1).
+
+    A row that may see no key at all (a padded target position in cross-attention) counts
+    as 1: its output is zero whatever τ is, and no rule then divides by 0 or takes log 0.
+    """
+    if mask is None:
+        if not causal:
+            return torch.full((1, 1), float(m), device=device)
+        return torch.arange(1, n + 1, device=device).clamp(max=m).float().unsqueeze(-1)
+    return visibility(mask, causal, n, m, device).sum(-1, keepdim=True).clamp(min=1).float()
+
+
 def check_mask(mask: Tensor, expected: tuple, name: str = "mask") -> None:
     if mask.dtype != torch.bool:
         raise TypeError(

@@ -1,8 +1,9 @@
 """Multi-head attention: project → weight → aggregate.
 
 * project:   X → Q, K, V with h heads of size d_k (queries, keys) and d_v (values);
-* weight:    a score function (the variant) divided by a temperature rule τ, the mask,
-             then softmax — on SDPA (fast path) unless the weights are needed;
+* weight:    a score function (the variant) divided by a temperature rule τ, an
+             optional soft cap, the mask, then softmax — on SDPA (fast path) unless
+             the weights are needed or the cap is on;
 * aggregate: weights × V, heads concatenated, output projection W^O.
 """
 
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention.functional import attend, check_mask, fast_attention, visibility
+from attnlab.attention.functional import attend, check_mask, fast_attention, key_counts, visibility
 from attnlab.attention.registry import make_score, variant_class
 from attnlab.attention.temperature import make_temperature, parse_rule
 from attnlab.checks import positive_int, positive_number, probability
@@ -24,20 +25,29 @@ from attnlab.checks import positive_int, positive_number, probability
 
 @dataclass
 class AttentionConfig:
-    """What ``conf/attention/*.yaml`` holds: which variant, which τ, its options."""
+    """What ``conf/attention/*.yaml`` holds: which variant, which τ rule, their options."""
 
     variant: str = "dot"
     scale: Any = "sqrt_dk"  # a rule name (a key of TEMPERATURES) or a fixed divisor (a number)
-    tau_init: float | None = None  # learned τ only; None = √d_k
-    tau_per_head: bool = True  # learned τ only; False = one τ per layer
+    # Options per rule name, {rule: {option: value}}; only the entry of the rule in `scale`
+    # is used, so a sweep over rules carries each one's options.
+    scale_options: dict = field(default_factory=dict)
+    softcap: float | None = None  # c: logits → c·tanh(logits / c) after τ (Gemma 2 uses 50)
+    zero_query_init: bool = False  # W_Q starts at 0 (μP, as the mup package advises)
     dropout: float = 0.0  # on the attention weights
     options: dict = field(default_factory=dict)  # passed to the variant's Score
 
     def __post_init__(self):
         variant_class(self.variant)
         parse_rule(self.scale)
-        positive_number("tau_init", self.tau_init, allow_none=True)
+        positive_number("softcap", self.softcap, allow_none=True)
         probability("dropout", self.dropout)
+        make_temperature(self.scale, 1, 1, **self.rule_options())  # a bad option fails here, not mid-build
+
+    def rule_options(self) -> dict:
+        """The options of the rule in ``scale`` (none for a fixed number)."""
+        options = self.scale_options.get(str(self.scale)) if isinstance(self.scale, str) else None
+        return dict(options or {})
 
 
 def default_d_k(d_model: int, n_heads: int) -> int:
@@ -82,13 +92,15 @@ class MultiHeadAttention(nn.Module):
         self.d_model, self.n_heads, self.d_k, self.d_v = d_model, n_heads, d_k, d_v
         self.name = name
         self.dropout = attn.dropout
+        self.softcap = attn.softcap
+        self.zero_query_init = attn.zero_query_init
 
         self.q_proj = nn.Linear(d_model, n_heads * d_k, bias=bias)
         self.k_proj = nn.Linear(d_model, n_heads * d_k, bias=bias)
         self.v_proj = nn.Linear(d_model, n_heads * d_v, bias=bias)
         self.out_proj = nn.Linear(n_heads * d_v, d_model, bias=bias)
         self.score = make_score(attn.variant, d_k, n_heads, **attn.options)
-        self.temperature = make_temperature(attn.scale, d_k, n_heads, init=attn.tau_init, per_head=attn.tau_per_head)
+        self.temperature = make_temperature(attn.scale, d_k, n_heads, **attn.rule_options())
         self.record = None
         self.reset_parameters()
 
@@ -100,6 +112,9 @@ class MultiHeadAttention(nn.Module):
             nn.init.normal_(proj.weight, std=1 / math.sqrt(proj.in_features))
             if proj.bias is not None:
                 nn.init.zeros_(proj.bias)
+        if self.zero_query_init:
+            # μP: all logits 0 at init, whatever the width; W_Q still gets a gradient (from k).
+            nn.init.zeros_(self.q_proj.weight)
 
     def split_heads(self, x: Tensor, d_head: int) -> Tensor:
         batch, length, _ = x.shape
@@ -121,21 +136,24 @@ class MultiHeadAttention(nn.Module):
         self_attention = source is None
         source = x if self_attention else source
         self.check_inputs(x, source, key_mask, attn_mask)
-        tau = self.temperature()
-        fast = self.score.fused and self.record is None
-        if fast and isinstance(tau, Tensor) and self.score.linear:
-            # A learned τ divides W_Q's h·d_k rows, not all B·n·h·d_k entries of q: the
-            # same q/τ, nearly free (SDPA's own scale takes only a constant).
+        mask = attn_mask
+        if key_mask is not None:
+            key_mask = key_mask[:, None, None, :]
+            mask = key_mask if mask is None else mask & key_mask
+        n_keys = None
+        if self.temperature.uses_keys:
+            n_keys = key_counts(mask, causal, x.shape[1], source.shape[1], x.device)
+        tau = self.temperature(n_keys)
+
+        fast = self.score.fused and self.record is None and self.softcap is None
+        if fast and self.score.linear and isinstance(tau, Tensor) and tau.dim() <= 3 and tau.shape[-2:] in ((), (1, 1)):
+            # A τ per head (or per layer) divides W_Q's h·d_k rows, not all B·n·h·d_k entries
+            # of q: the same q/τ, nearly free (SDPA's own scale takes only a constant).
             q, tau = self.split_heads(self.project_scaled(x, tau), self.d_k), 1.0
         else:
             q = self.split_heads(self.q_proj(x), self.d_k)
         k = self.split_heads(self.k_proj(source), self.d_k)
         v = self.split_heads(self.v_proj(source), self.d_v)
-
-        mask = attn_mask
-        if key_mask is not None:
-            key_mask = key_mask[:, None, None, :]
-            mask = key_mask if mask is None else mask & key_mask
         dropout_p = self.dropout if self.training else 0.0
 
         if fast:
@@ -153,8 +171,11 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(out)
 
     def weigh(self, q: Tensor, k: Tensor, v: Tensor, tau, mask: Tensor | None, causal: bool, dropout_p: float):
-        """The explicit path: logits = score / τ and their softmax, materialised."""
+        """The explicit path: logits = score / τ (soft-capped if asked) and their softmax, materialised."""
         logits = self.score(q, k) / tau
+        if self.softcap is not None:
+            # Gemma 2 (Gemma Team 2024): c·tanh(logits / c) keeps every logit in (−c, c).
+            logits = self.softcap * torch.tanh(logits / self.softcap)
         mask = visibility(mask, causal, q.shape[-2], k.shape[-2], q.device)
         out, weights = attend(logits, v, mask, dropout_p)
         return out, logits, weights, mask
@@ -194,4 +215,5 @@ class MultiHeadAttention(nn.Module):
             check_mask(attn_mask, (x.shape[0], self.n_heads, x.shape[1], source.shape[1]), "attn_mask")
 
     def extra_repr(self) -> str:
-        return f"name={self.name!r}, n_heads={self.n_heads}, d_k={self.d_k}, d_v={self.d_v}"
+        cap = f", softcap={self.softcap:g}" if self.softcap is not None else ""
+        return f"name={self.name!r}, n_heads={self.n_heads}, d_k={self.d_k}, d_v={self.d_v}{cap}"

@@ -1,21 +1,33 @@
-"""Temperature rules: the divisor τ in softmax(q·k / τ).
+"""Temperature rules: the divisor τ in softmax(score(q, k) / τ), registered by name.
 
-Each rule is a module built as ``Rule(d_k, n_heads, **options)`` whose ``forward()``
-returns τ: a float for fixed rules (SDPA then applies it for free), a tensor of shape
-(h, 1, 1) or (1, 1, 1) for learned ones (broadcasts over (batch, h, n, d_k)).
+A rule is a ``Temperature`` subclass in its own file under ``attnlab/attention/rules/``
+(imported automatically), selected by ``attention.scale=<name>``; the contract tests
+pick it up by itself. It is built as ``Rule(d_k, n_heads, **options)``, the options
+being ``attention.scale_options.<name>``, and called at every forward as
 
-* ``none``    τ = 1: unscaled dot product; logits grow like √d_k.
-* ``sqrt_dk`` τ = √d_k: Vaswani et al. 2017 §3.2.1; unit-variance logits at init.
-* ``dk``      τ = d_k: μP (Yang et al. 2022, "Tensor Programs V"), which expects q and
-  k to become correlated in training so that q·k grows like d_k.
-* ``learned`` τ = exp(log τ), per head or per layer, initialised at √d_k unless told
-  otherwise; cf. QK-norm's learned scale g = 1/τ (Henry et al. 2020).
-* a number    a fixed divisor.
+    tau = rule(n_keys)
+
+``n_keys`` is the number of keys each query row may attend to (after the padding mask
+and the causal rule), a float tensor broadcastable to (batch, h, n, 1), given only to
+rules that set ``uses_keys = True`` (None otherwise). τ is a float, or a tensor
+broadcastable to the logits (batch, h, n, m) that is constant along the keys, e.g. one
+per head (h, 1, 1) or one per query row (batch, h, n, 1): the fast path then divides q
+by it and keeps SDPA's fused kernel.
+
+    @register_temperature("half_sqrt_dk")
+    class HalfSqrtDk(Temperature):
+        def forward(self, n_keys=None):
+            return self.d_k**0.5 / 2
+
+A number where a rule name is expected is a fixed divisor.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
+import pkgutil
 
 import torch
 from torch import Tensor, nn
@@ -24,7 +36,9 @@ from attnlab.checks import positive_int, positive_number
 
 
 class Temperature(nn.Module):
-    """Base class; parameters of a temperature are kept out of weight decay."""
+    """Base class of the rules. Parameters of a rule are kept out of weight decay."""
+
+    uses_keys: bool = False  # True: forward() gets n_keys, the visible keys per query row
 
     def __init__(self, d_k: int, n_heads: int):
         super().__init__()
@@ -32,58 +46,48 @@ class Temperature(nn.Module):
         positive_int("n_heads", n_heads)
         self.d_k, self.n_heads = d_k, n_heads
 
-    def forward(self) -> float | Tensor:
+    def forward(self, n_keys: Tensor | None = None) -> float | Tensor:
         raise NotImplementedError
+
+    def logged(self) -> dict[str, Tensor]:
+        """What the temperature probe logs per head, as ``attn/<key>/<layer>.H<h>``.
+
+        By default τ itself (for rules with parameters); a rule whose τ depends on the
+        number of keys logs its parameters instead (``ssmax``: its s).
+        """
+        return {"tau": per_head(self(), self.n_heads)}
 
 
 class Fixed(Temperature):
+    """A fixed divisor: ``attention.scale=<number>``."""
+
     def __init__(self, d_k: int, n_heads: int, value: float = 1.0):
         super().__init__(d_k, n_heads)
         positive_number("tau", value)
         self.value = float(value)
 
-    def forward(self) -> float:
+    def forward(self, n_keys: Tensor | None = None) -> float:
         return self.value
 
     def extra_repr(self) -> str:
         return f"tau={self.value:g}"
 
 
-class NoScale(Fixed):
-    def __init__(self, d_k: int, n_heads: int):
-        super().__init__(d_k, n_heads, 1.0)
+TEMPERATURES: dict[str, type[Temperature]] = {}
 
 
-class SqrtDk(Fixed):
-    def __init__(self, d_k: int, n_heads: int):
-        super().__init__(d_k, n_heads, math.sqrt(d_k))
+def register_temperature(name: str):
+    """Class decorator: make a ``Temperature`` subclass selectable as ``attention.scale=name``."""
 
+    def register(cls: type[Temperature]) -> type[Temperature]:
+        if not (isinstance(cls, type) and issubclass(cls, Temperature)):
+            raise TypeError(f"temperature rule {name!r} must be a subclass of attnlab.attention.Temperature")
+        if name in TEMPERATURES and TEMPERATURES[name] is not cls:
+            raise ValueError(f"temperature rule {name!r} is already registered by {TEMPERATURES[name]}")
+        TEMPERATURES[name] = cls
+        return cls
 
-class Dk(Fixed):
-    def __init__(self, d_k: int, n_heads: int):
-        super().__init__(d_k, n_heads, float(d_k))
-
-
-class Learned(Temperature):
-    """τ = exp(log_tau): positive by construction, multiplicative steps in log space."""
-
-    def __init__(self, d_k: int, n_heads: int, init: float | None = None, per_head: bool = True):
-        super().__init__(d_k, n_heads)
-        positive_number("tau_init", init, allow_none=True)
-        init = math.sqrt(d_k) if init is None else float(init)
-        shape = (n_heads, 1, 1) if per_head else (1, 1, 1)
-        self.log_tau = nn.Parameter(torch.full(shape, math.log(init)))
-
-    def forward(self) -> Tensor:
-        return self.log_tau.exp()
-
-
-TEMPERATURES: dict[str, type[Temperature]] = {
-    "none": NoScale,
-    "sqrt_dk": SqrtDk,
-    "dk": Dk,
-    "learned": Learned,
-}
+    return register
 
 
 def parse_rule(rule: str | float) -> str | float:
@@ -96,26 +100,61 @@ def parse_rule(rule: str | float) -> str | float:
         value = None
     if isinstance(rule, bool) or value is None or not (math.isfinite(value) and value > 0):
         raise ValueError(
-            f"scale={rule!r} is not valid; accepted values: {', '.join(TEMPERATURES)}, <a finite number > 0>"
+            f"scale={rule!r} is not valid; accepted values: {', '.join(TEMPERATURES)}, <a finite number > 0> "
+            "(or register your own rule with @register_temperature)"
         )
     return value
 
 
-def make_temperature(rule: str | float, d_k: int, n_heads: int, **options) -> Temperature:
-    """Build the rule named ``rule`` (a key of TEMPERATURES) or a fixed divisor (a number).
+def rule_options(rule: str | float) -> list[str]:
+    """The options a rule's constructor takes (beyond d_k and n_heads)."""
+    rule = parse_rule(rule)
+    if not isinstance(rule, str):
+        return []
+    parameters = list(inspect.signature(TEMPERATURES[rule].__init__).parameters)
+    return [name for name in parameters if name not in ("self", "d_k", "n_heads", "args", "kwargs")]
 
-    ``options`` go to the learned rule (``init``, ``per_head``) and are ignored by fixed
-    rules, so one attention config can carry them whatever the scale.
+
+def make_temperature(rule: str | float, d_k: int, n_heads: int, **options) -> Temperature:
+    """Build the rule named ``rule`` (a key of TEMPERATURES) with its options, or a fixed divisor.
+
+    A bad option raises ValueError naming it as ``scale_options.<rule>.<option>``.
     """
     rule = parse_rule(rule)
     if not isinstance(rule, str):
+        if options:
+            raise ValueError(f"scale={rule:g} is a fixed divisor and takes no options; got {sorted(options)}")
         return Fixed(d_k, n_heads, rule)
-    cls = TEMPERATURES[rule]
-    return cls(d_k, n_heads, **options) if issubclass(cls, Learned) else cls(d_k, n_heads)
+    accepted = rule_options(rule)
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(
+            f"scale_options.{rule}.{unknown[0]} is not an option of the {rule!r} rule; "
+            f"its options: {', '.join(accepted) or 'none'}"
+        )
+    try:
+        return TEMPERATURES[rule](d_k, n_heads, **options)
+    except ValueError as error:
+        message = str(error)
+        if message.split("=", 1)[0] in options:  # "init=0 is not valid…" → "scale_options.learned.init=0 …"
+            message = f"scale_options.{rule}.{message}"
+        raise ValueError(message) from None
+
+
+def per_head(tau: float | Tensor, n_heads: int) -> Tensor:
+    """τ (a float, or a tensor of one value per head or one in all) as a detached 1-D tensor of length n_heads."""
+    tau = torch.as_tensor(tau, dtype=torch.float32).detach().flatten().cpu()
+    return tau.expand(n_heads) if tau.numel() == 1 else tau
 
 
 def tau_values(temperature: Temperature) -> Tensor:
-    """τ per head as a detached 1-D tensor of length n_heads (for logging)."""
-    tau = temperature()
-    tau = torch.as_tensor(tau, dtype=torch.float32).detach().flatten().cpu()
-    return tau.expand(temperature.n_heads) if tau.numel() == 1 else tau
+    """τ per head as a detached 1-D tensor of length n_heads (for rules whose τ needs no n_keys)."""
+    return per_head(temperature(), temperature.n_heads)
+
+
+def load_rules() -> None:
+    """Import every module in attnlab.attention.rules so each registers itself."""
+    from attnlab.attention import rules
+
+    for module in pkgutil.iter_modules(rules.__path__):
+        importlib.import_module(f"{rules.__name__}.{module.name}")

@@ -24,7 +24,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from attnlab.attention import MultiHeadAttention, tau_values
+from attnlab.attention import MultiHeadAttention
 from attnlab.models import attention_layers
 from attnlab.probes.record import AttentionRecord, start_recording, stop_recording
 from attnlab.probes.statistics import records_statistics
@@ -133,7 +133,8 @@ class AttentionProbe(Probe):
 
 
 class TemperatureProbe(Probe):
-    """The temperature τ of every layer whose rule has parameters (``learned``), per head."""
+    """Per head, what each rule with parameters logs (``Temperature.logged``): τ for ``learned``
+    (``attn/tau/<layer>.H<h>``), s for ``ssmax`` (``attn/ssmax_s/<layer>.H<h>``)."""
 
     def on_fit_start(self, trainer, pl_module) -> None:
         layers = attention_layers(pl_module.model)
@@ -144,8 +145,9 @@ class TemperatureProbe(Probe):
             return
         metrics = {}
         for layer in self.layers:
-            for head, tau in enumerate(tau_values(layer.temperature)):
-                metrics[f"attn/tau/{layer.name}.H{head}"] = tau
+            for family, values in layer.temperature.logged().items():
+                for head, value in enumerate(values):
+                    metrics[f"attn/{family}/{layer.name}.H{head}"] = value
         log_step_metrics(trainer, metrics)
 
 

@@ -1,0 +1,1 @@
+"""Built-in temperature rules; every module here is imported and registers itself."""
