@@ -156,6 +156,31 @@ def test_logged_gradient_probes_equal_autograd_on_the_same_batch(tmp_path):
     assert logged["grad/global_norm"] == pytest.approx(torch.stack(norms).norm().item(), rel=1e-4)
 
 
+def test_activation_probe_logs_the_mean_size_of_each_output_at_init(tmp_path):
+    """act/* at step 0 against the LM's forward spelled out by hand on the same batch."""
+    cfg = compose_run(tmp_path, [*PROBE_EVERY_STEP, "callbacks.probes.activations=true", "model.n_layers=2"])
+    task, batch, _ = initial_model_and_first_batch(cfg)
+    from attnlab.train import train
+
+    train(cfg)
+    logged = {k: v for row in read_metrics(tmp_path) if row["step"] == 0 for k, v in row.items()}
+    model, mask = task.model.train(), batch["mask"]
+    expected = {}
+    with torch.no_grad():
+        x = model.embed(batch["tokens"])
+        expected["act/embed"] = x
+        for index, block in enumerate(model.decoder.layers):  # model=lm is pre-LN: x + sublayer(norm(x))
+            attended = block.self_attn(block.norms[0](x), key_mask=mask, causal=True)
+            x = x + attended
+            ffn = block.ffn(block.norms[1](x))
+            x = x + ffn
+            path = f"act/decoder.layers.{index}"
+            expected.update({f"{path}.self_attn": attended, f"{path}.ffn": ffn, path: x})
+        expected["act/head"] = model.head(model.decoder.final_norm(x))
+    for key, output in expected.items():
+        assert logged[key] == pytest.approx(output.abs().mean().item(), rel=1e-4), key
+
+
 class RecordingCheck(L.Callback):
     """Runs after the probes' hooks: which steps took the explicit path."""
 

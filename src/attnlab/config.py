@@ -114,6 +114,7 @@ class ProbesSchema:
     gradients: bool = MISSING
     attention: bool = MISSING
     temperature: bool = MISSING
+    activations: bool = False
     chunk_size: int = field(default=MISSING, metadata=check(positive_int))
 
 

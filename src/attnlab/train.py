@@ -59,6 +59,8 @@ CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 # hydra.sweep.dir a new unique dir. Cached: each is created once per config (and sweep).
 OmegaConf.register_new_resolver("attnlab_run_dir", run_dir_for, replace=True, use_cache=True)
 OmegaConf.register_new_resolver("attnlab_unique_dir", unique_dir, replace=True, use_cache=True)
+# ${attnlab_mul:a,b} = a·b, for sweeps that tie sizes together (d_model = n_heads · d_k).
+OmegaConf.register_new_resolver("attnlab_mul", lambda a, b: a * b, replace=True)
 # A resumed run keeps the .hydra/ of its first start and writes its own beside it.
 OmegaConf.register_new_resolver(
     "attnlab_hydra_subdir", lambda resume: ".hydra-resume" if resume else ".hydra", replace=True

@@ -9,7 +9,8 @@ attnlab.models (``L0``; ``enc.L0``, ``dec.self.L0``, ``dec.cross.L0``):
     grad/softmax_jac/<layer>,
     attn/entropy/<layer>[.H<h>], attn/entropy_norm/<layer>,
     attn/logit_std/<layer>, attn/logit_max/<layer>, attn/saturation/<layer>
-    attn/tau/<layer>.H<h>                                 TemperatureProbe (learned τ)
+    attn/tau/<layer>.H<h>, attn/ssmax_s/<layer>.H<h>      TemperatureProbe (rules with parameters)
+    act/<module path>                                     ActivationProbe (μP's coordinate check)
 
 On a probe step the attention layers take the explicit path and record their logits;
 the values are read after the real training backward, before the optimizer step (after
@@ -132,6 +133,53 @@ class AttentionProbe(Probe):
         self.release()
 
 
+class ActivationProbe(Probe):
+    """Mean |x| of the output of the embedding, every attention layer, FFN and block, and the
+    head: the quantities of μP's coordinate check (Yang et al. 2022, the mup package's
+    ``get_coord_data``), whose growth with width over the first steps shows whether a
+    parametrisation keeps activations of width-independent size.
+
+    Logged as ``act/<module path>`` (e.g. ``act/encoder.layers.0.self_attn``) on probe steps,
+    averaged over the step's forward passes. Hooks exist only during a probe step.
+    """
+
+    KINDS = ("Embedding", "MultiHeadAttention", "FeedForward", "Block", "OutputHead")
+
+    def __init__(self, every_n_steps: int = 50):
+        super().__init__(every_n_steps)
+        self.hooks, self.sums = [], {}
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.modules = [(name, module) for name, module in pl_module.model.named_modules()
+                        if type(module).__name__ in self.KINDS]  # fmt: skip
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.due(trainer) and not self.hooks:
+            self.hooks = [module.register_forward_hook(self.keeper(name)) for name, module in self.modules]
+
+    def keeper(self, name: str):
+        def keep(module, inputs, output) -> None:
+            size = output.detach().abs().mean()  # no host sync: read once, at the optimizer step
+            total, count = self.sums.get(name, (0.0, 0))
+            self.sums[name] = (total + size, count + 1)
+
+        return keep
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if not self.hooks:
+            return
+        log_step_metrics(trainer, {f"act/{name}": total / count for name, (total, count) in self.sums.items()})
+        self.release()
+
+    def release(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks, self.sums = [], {}
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.release()
+
+
 class TemperatureProbe(Probe):
     """Per head, what each rule with parameters logs (``Temperature.logged``): τ for ``learned``
     (``attn/tau/<layer>.H<h>``), s for ``ssmax`` (``attn/ssmax_s/<layer>.H<h>``)."""
@@ -163,4 +211,6 @@ def build_probes(cfg) -> list[Probe]:
         probes.append(AttentionProbe(every, cfg.chunk_size))
     if cfg.temperature:
         probes.append(TemperatureProbe(every))
+    if cfg.get("activations", False):
+        probes.append(ActivationProbe(every))
     return probes

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnlab.report.coord import coord_figure, coord_table
 from attnlab.report.figures import all_figures
 from attnlab.report.runs import (
     Group,
@@ -26,6 +27,7 @@ from attnlab.report.runs import (
     find_runs,
     group_runs,
     load_wandb_runs,
+    save_data,
     varying_keys,
 )
 
@@ -108,6 +110,7 @@ def vaswani_table(report: Report) -> list[str]:
 def write_report(report: Report, out: Path, sources: list[str]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     figures = all_figures(report.groups, out) if report.groups else []
+    figures += [path for path in [coord_figure(report.runs, out)] if path is not None]
     problems = [run for run in report.runs if run.status != "finished"]
     lines = [
         "# attnlab report",
@@ -122,6 +125,7 @@ def write_report(report: Report, out: Path, sources: list[str]) -> Path:
         *final_metrics_table(report),
         "",
         *vaswani_table(report),
+        *coord_table(report.runs),
         "## Runs that did not finish (diverged, failed, unfinished, missing)",
         "",
         *([f"- **{run.status}**: `{run.name}` — {run.problem}" for run in problems] or ["None."]),
@@ -143,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="output dir (default: <first PATH>/report)")
     parser.add_argument("--wandb", metavar="ENTITY/PROJECT", help="read the runs from W&B instead (online)")
     parser.add_argument("--group", help="with --wandb: only runs of this W&B group (a sweep)")
+    parser.add_argument("--save-data", metavar="DIR",
+                        help="also copy what the report reads of each run (config, run.json, metrics CSV; "
+                        "no checkpoints) into DIR: `attnlab-report DIR/<name>` rebuilds the report")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         if args.wandb:
@@ -158,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     except ReportError as error:
         print(f"attnlab-report: {error}", file=sys.stderr)
         return 2
+    if args.save_data and not args.wandb:
+        copied = save_data(args.paths, Path(args.save_data))
+        print(f"data of {copied} runs: {args.save_data}")
     path = write_report(report, out, sources)
     print(f"report: {path}")
     return 0

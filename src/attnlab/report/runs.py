@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import shutil
 import statistics
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -61,10 +63,13 @@ def load_run(run_dir: Path) -> Run:
     config = flatten(read_config(run_dir))
     rows = read_metrics(run_dir)
     run = Run(name=str(run_dir), config=config, rows=rows)
-    metrics_files = sorted((run_dir / "csv").glob("version_*/metrics.csv"))
-    if metrics_files:
-        run.wall_s = max(path.stat().st_mtime for path in metrics_files) - (run_dir / "config.yaml").stat().st_mtime
     record = read_run_file(run_dir)
+    metrics_files = sorted((run_dir / "csv").glob("version_*/metrics.csv"))
+    if record.get("started") and record.get("ended"):  # survives copying the run's files elsewhere
+        times = [datetime.fromisoformat(record[key]) for key in ("started", "ended")]
+        run.wall_s = (times[1] - times[0]).total_seconds()
+    elif metrics_files:
+        run.wall_s = max(path.stat().st_mtime for path in metrics_files) - (run_dir / "config.yaml").stat().st_mtime
     state, step, reason = record.get("status"), record.get("step", run.steps_trained), record.get("reason", "")
     max_steps = config.get("trainer.max_steps", 0)
     if state == "diverged":
@@ -149,6 +154,29 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
     if not any(run.status != "missing" for run in runs):
         raise ReportError(f"no readable runs under {', '.join(map(str, paths))}")
     return runs
+
+
+def save_data(paths: list[str | Path], dest: Path) -> int:
+    """Copy what a report reads of every run under ``paths`` into ``dest``: config.yaml, run.json,
+    csv/version_*/metrics.csv and each sweep's multirun.yaml, in the same layout; no checkpoints,
+    no W&B files. ``attnlab-report dest`` then rebuilds the same report. Returns the runs copied."""
+    copied = 0
+    for path in map(Path, paths):
+        target = dest / path.name
+        sweeps = {path, *(d.parent for d in run_dirs_under(path))}
+        for sweep in sweeps:
+            if (sweep / "multirun.yaml").exists():
+                (target / sweep.relative_to(path)).mkdir(parents=True, exist_ok=True)
+                shutil.copy2(sweep / "multirun.yaml", target / sweep.relative_to(path) / "multirun.yaml")
+        for run_dir in run_dirs_under(path):
+            files = [run_dir / "config.yaml", run_dir / "run.json", *(run_dir / "csv").glob("version_*/metrics.csv")]
+            for file in files:
+                if file.exists():
+                    copy = target / file.relative_to(path)
+                    copy.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(file, copy)
+            copied += 1
+    return copied
 
 
 def load_wandb_runs(project: str, group: str | None = None) -> list[Run]:
