@@ -6,10 +6,13 @@ import shutil
 
 import matplotlib.image
 import nbformat
+import numpy as np
 import pytest
 from nbclient import NotebookClient
 
 from attnlab.report import load, main
+from attnlab.report.coord import coord_figure, coord_table
+from attnlab.report.runs import Run
 from helpers import FAST, ROOT, cli
 
 RULES = ["none", "sqrt_dk", "dk", "learned"]
@@ -72,6 +75,49 @@ def test_runs_lost_midway_are_listed_not_dropped(sweep, tmp_path):
     assert f"**missing**: `{copy / '5'}`" in failed_section and f"**failed**: `{copy / '2'}`" in failed_section
     counts = {row["attention.scale"]: row["n"] for row in final_table(text)}
     assert sorted(counts.values()) == ["1", "1", "2", "2"]
+
+
+def test_saved_data_rebuilds_the_same_report_byte_for_byte(sweep, tmp_path):
+    """--save-data keeps config, run.json and metrics only; a report of the copy equals the original."""
+    assert main([str(sweep), "--out", str(tmp_path / "first"), "--save-data", str(tmp_path / "data")]) == 0
+    saved = tmp_path / "data" / sweep.name
+    assert not list(saved.rglob("*.ckpt")) and not list(saved.rglob("*.wandb"))
+    assert (saved / "multirun.yaml").exists() and len(list(saved.glob("*/csv/version_0/metrics.csv"))) == 8
+    for out in ("again", "twice"):
+        assert main([str(saved), "--out", str(tmp_path / out)]) == 0
+    first = (tmp_path / "first" / "report.md").read_text().replace(str(sweep), str(saved))
+    assert (tmp_path / "again" / "report.md").read_text() == first
+    for path in (tmp_path / "again").iterdir():
+        assert path.read_bytes() == (tmp_path / "twice" / path.name).read_bytes(), path.name
+
+
+def synthetic_width_sweep(exponent_at_end: float) -> list:
+    """Runs of a coordinate check whose logit std is d_k^-0.5 at t=0 and d_k^exponent at t=20."""
+    runs = []
+    for rule in ("dk", "sqrt_dk"):
+        for d_k in (16, 32, 64, 128):
+            for seed in (0, 1):
+                jitter = 1 + 0.01 * seed
+                logits = "attn/logit_std/enc.L0"
+                rows = [{"step": 0.0, logits: d_k**-0.5 * jitter, "act/enc.self_attn": 1.0},
+                        {"step": 20.0, logits: 3 * d_k**exponent_at_end, "act/enc.self_attn": 2.0}]  # fmt: skip
+                config = {"attention.scale": rule, "model.d_k": d_k, "model.n_heads": 2, "seed": seed}
+                runs.append(Run(name=f"{rule}-{d_k}-{seed}", config=config, rows=rows))
+    return runs
+
+
+def test_coordinate_check_fits_the_growth_exponent_of_constructed_sizes(tmp_path):
+    runs = synthetic_width_sweep(exponent_at_end=0.75)
+    table = "\n".join(coord_table(runs))
+    row = next(line for line in table.splitlines() if line.startswith("| dk | `attn/logit_std/enc.L0`"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[2] == f"{np.mean([16**-0.5, 16**-0.5 * 1.01]):.3g} → {3 * 16**0.75:.3g}"
+    assert cells[4] == "-0.50 ± 0.00" and cells[5] == "+0.75 ± 0.00"
+    flat = next(line for line in table.splitlines() if "`act/enc.self_attn`" in line)
+    assert flat.endswith("| +0.00 ± 0.00 | +0.00 ± 0.00 |")
+    figure = coord_figure(runs, tmp_path)
+    is_png(figure)
+    assert coord_table(synthetic_width_sweep(0.75)[:4]) == []  # fewer than 3 widths: no coordinate check
 
 
 def test_bad_paths_fail_clearly(tmp_path, capsys):

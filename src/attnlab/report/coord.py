@@ -91,8 +91,8 @@ def exponent_cell(by_width: dict, widths: list[int], step: int) -> str:
     if seeds == 0:
         return "–"
     fits = [slope(widths, [by_width[width][step][seed] for width in widths]) for seed in range(seeds)]
-    spread = np.std(fits, ddof=1) if len(fits) > 1 else 0.0
-    return f"{np.mean(fits):+.2f} ± {spread:.2f}" if len(fits) > 1 else f"{fits[0]:+.2f}"
+    mean = round(float(np.mean(fits)), 2) + 0.0  # + 0.0: no "-0.00"
+    return f"{mean:+.2f} ± {np.std(fits, ddof=1):.2f}" if len(fits) > 1 else f"{mean:+.2f}"
 
 
 def coord_figure(runs: list[Run], out: Path) -> Path | None:
