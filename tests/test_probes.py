@@ -13,6 +13,7 @@ from attnlab.data import build_data
 from attnlab.data.module import IGNORE
 from attnlab.models import attention_layers, sequence_loss
 from attnlab.probes import AttentionRecord, attention_entropy, layer_statistics, recording
+from attnlab.probes.maps import crop, draw
 from attnlab.probes.statistics import records_statistics
 from attnlab.runs import read_metrics
 from attnlab.task import SequenceTask
@@ -181,6 +182,27 @@ def test_activation_probe_logs_the_mean_size_of_each_output_at_init(tmp_path):
         assert logged[key] == pytest.approx(output.abs().mean().item(), rel=1e-4), key
 
 
+def test_attention_map_at_step_0_is_the_initial_models_weights_on_the_first_validation_example(tmp_path):
+    cfg = compose_run(tmp_path, [*PROBE_EVERY_STEP, "model=transformer", "data=copy", "callbacks.probes.maps=true"])
+    task, _, _ = initial_model_and_first_batch(cfg)
+    data = build_data(cfg.data, cfg.model.kind, cfg.seed, cfg.paths.cache_dir)
+    data.setup("fit")
+    batch = next(iter(data.val_dataloader()))
+    example = {key: value[:1] for key, value in batch.items() if isinstance(value, torch.Tensor)}
+    from attnlab.train import train
+
+    train(cfg)
+    # Reference: the initial model in eval mode on that example, recorded here, drawn with the same renderer.
+    model = task.model.eval()
+    with torch.no_grad(), recording(*attention_layers(model)) as records:
+        model.forward_batch(example)
+    weights = {layer.name: record.weights[0] for layer, record in zip(attention_layers(model), records, strict=True)}
+    lengths = {"src": int(example["src_mask"].sum()), "tgt": int(example["tgt_mask"].sum()), "tokens": None}
+    reference = draw(weights, lengths, tmp_path / "reference.png", step=0)
+    assert (tmp_path / "attention_maps" / "step_000000.png").read_bytes() == reference.read_bytes()
+    assert crop("dec.cross.L0", weights["dec.cross.L0"], lengths).shape[1:] == (lengths["tgt"], lengths["src"])
+
+
 class RecordingCheck(L.Callback):
     """Runs after the probes' hooks: which steps took the explicit path."""
 
@@ -256,3 +278,11 @@ def test_learned_run_logs_every_probe_family_for_every_layer_to_wandb(tmp_path):
     assert "grad/global_norm" in keys and any(key.startswith("grad/norm/") for key in keys)
     taus = [row["attn/tau/enc.L0.H0"] for row in rows if "attn/tau/enc.L0.H0" in row]
     assert taus[0] == pytest.approx(math.sqrt(16)) and abs(taus[-1] - taus[0]) > 1e-3
+    # The attention maps: an image at every probe step in W&B, a PNG each in the run dir.
+    images = {row["trainer/global_step"]: row for row in rows if row.get("attn/maps/_type") == "images/separated"}
+    assert sorted(images) == probe_steps
+    (image,) = images[25]["attn/maps/filenames"]
+    assert (run_file.parent / "files" / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(path.name for path in (tmp_path / "attention_maps").glob("*.png")) == [
+        f"step_{step:06d}.png" for step in probe_steps
+    ]

@@ -12,6 +12,7 @@ from nbclient import NotebookClient
 
 from attnlab.report import load, main
 from attnlab.report.coord import coord_figure, coord_table
+from attnlab.report.lr import lr_figure, lr_table
 from attnlab.report.runs import Run
 from helpers import FAST, ROOT, cli
 
@@ -56,6 +57,12 @@ def test_report_of_a_four_rule_sweep(sweep, tmp_path, capsys):
     for name in figures:
         is_png(tmp_path / f"{name}.png")
         assert f"]({name}.png)" in text
+    # One run per rule: its attention maps at the first and last probe step (0 and 3), side by side.
+    maps = text.split("## Attention maps")[1].split("##")[0]
+    assert maps.count("step 0<br>![") == 4 and maps.count("step 3<br>![") == 4
+    for index in range(4):
+        for which in ("first", "last"):
+            is_png(tmp_path / "maps" / f"{index:02d}_{which}.png")
 
 
 def test_runs_lost_midway_are_listed_not_dropped(sweep, tmp_path):
@@ -83,12 +90,14 @@ def test_saved_data_rebuilds_the_same_report_byte_for_byte(sweep, tmp_path):
     saved = tmp_path / "data" / sweep.name
     assert not list(saved.rglob("*.ckpt")) and not list(saved.rglob("*.wandb"))
     assert (saved / "multirun.yaml").exists() and len(list(saved.glob("*/csv/version_0/metrics.csv"))) == 8
+    assert len(list(saved.glob("*/attention_maps/step_*.png"))) == 16  # the first and the last of each run
     for out in ("again", "twice"):
         assert main([str(saved), "--out", str(tmp_path / out)]) == 0
     first = (tmp_path / "first" / "report.md").read_text().replace(str(sweep), str(saved))
     assert (tmp_path / "again" / "report.md").read_text() == first
-    for path in (tmp_path / "again").iterdir():
-        assert path.read_bytes() == (tmp_path / "twice" / path.name).read_bytes(), path.name
+    for path in (tmp_path / "again").rglob("*.*"):
+        twin = tmp_path / "twice" / path.relative_to(tmp_path / "again")
+        assert path.read_bytes() == twin.read_bytes(), path.name
 
 
 def synthetic_width_sweep(exponent_at_end: float) -> list:
@@ -118,6 +127,34 @@ def test_coordinate_check_fits_the_growth_exponent_of_constructed_sizes(tmp_path
     figure = coord_figure(runs, tmp_path)
     is_png(figure)
     assert coord_table(synthetic_width_sweep(0.75)[:4]) == []  # fewer than 3 widths: no coordinate check
+
+
+def lr_run(rule, seed, lr, final, start=3.0):
+    """A run of an LR sweep: ℓ₀ = start at step 0; final None = it diverged."""
+    rows = [{"step": 0.0, "train/loss": start}]
+    if final is not None:
+        rows.append({"step": 299.0, "val/loss": final})
+    config = {"attention.scale": rule, "optim.lr": lr, "seed": seed}
+    return Run(name=f"{rule}-{lr}-{seed}", config=config, rows=rows, status="finished" if final else "diverged")
+
+
+def test_lr_sensitivity_is_wortsmans_formula_on_constructed_runs(tmp_path):
+    grid = [1e-3, 1e-2, 1e-1]
+    # Rule A, seed 0: losses 1.0, 0.5, diverged → capped 1.0, 0.5, ℓ₀=3 → minus ℓ*=0.5 → mean (0.5+0+2.5)/3 = 1.0
+    # Rule A, seed 1: 1.5, 0.5, 4.0 (worse than ℓ₀: capped at 3) → (1+0+2.5)/3 = 7/6
+    # Rule B: 1.2, 0.6, 0.9 for both seeds → (0.6+0+0.3)/3 = 0.3
+    runs = [lr_run("a", 0, lr, final) for lr, final in zip(grid, (1.0, 0.5, None), strict=True)]
+    runs += [lr_run("a", 1, lr, final) for lr, final in zip(grid, (1.5, 0.5, 4.0), strict=True)]
+    runs += [lr_run("b", seed, lr, final) for seed in (0, 1) for lr, final in zip(grid, (1.2, 0.6, 0.9), strict=True)]
+    axes = ["attention.scale", "optim.lr", "seed"]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in lr_table(runs, axes) if line.startswith("| scale=")}  # fmt: skip
+    a, b = rows["scale=a"], rows["scale=b"]
+    assert a[3] == "1" and a[4] == "0.01" and a[5] == "0.500" and a[6] == "3.000"
+    assert a[7] == f"{np.mean([1.0, 7 / 6]):.3f} ± {np.std([1.0, 7 / 6], ddof=1):.3f}"
+    assert b[3] == "0" and b[7] == "0.300 ± 0.000"
+    is_png(lr_figure(runs, axes, tmp_path))
+    assert lr_table(runs, ["attention.scale", "seed"]) == []  # no LR axis: no section
 
 
 def test_bad_paths_fail_clearly(tmp_path, capsys):

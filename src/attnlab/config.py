@@ -115,6 +115,7 @@ class ProbesSchema:
     attention: bool = MISSING
     temperature: bool = MISSING
     activations: bool = False
+    maps: bool = False
     chunk_size: int = field(default=MISSING, metadata=check(positive_int))
 
 

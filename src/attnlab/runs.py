@@ -8,6 +8,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+MAPS_DIR = "attention_maps"  # in a run dir: the attention maps' PNGs (attnlab.probes.maps)
+
 
 def flatten(config: dict, prefix: str = "") -> dict:
     """{"attention": {"scale": "none"}} → {"attention.scale": "none"} (as W&B shows config keys)."""

@@ -1,6 +1,13 @@
 """Probes: Lightning callbacks that measure attention during training (see callbacks.py)."""
 
-from attnlab.probes.callbacks import ActivationProbe, AttentionProbe, GradientProbe, Probe, TemperatureProbe, build_probes
+from attnlab.probes.callbacks import (
+    ActivationProbe,
+    AttentionProbe,
+    GradientProbe,
+    Probe,
+    TemperatureProbe,
+    build_probes,
+)
 from attnlab.probes.record import AttentionRecord, recording, start_recording, stop_recording
 from attnlab.probes.statistics import attention_entropy, layer_statistics, records_statistics
 

@@ -11,6 +11,7 @@ attnlab.models (``L0``; ``enc.L0``, ``dec.self.L0``, ``dec.cross.L0``):
     attn/logit_std/<layer>, attn/logit_max/<layer>, attn/saturation/<layer>
     attn/tau/<layer>.H<h>, attn/ssmax_s/<layer>.H<h>      TemperatureProbe (rules with parameters)
     act/<module path>                                     ActivationProbe (μP's coordinate check)
+    attn/maps (an image; PNGs in <run dir>/attention_maps/) AttentionMaps (maps.py)
 
 On a probe step the attention layers take the explicit path and record their logits;
 the values are read after the real training backward, before the optimizer step (after
@@ -213,4 +214,8 @@ def build_probes(cfg) -> list[Probe]:
         probes.append(TemperatureProbe(every))
     if cfg.get("activations", False):
         probes.append(ActivationProbe(every))
+    if cfg.get("maps", False):
+        from attnlab.probes.maps import AttentionMaps
+
+        probes.append(AttentionMaps(every))
     return probes

@@ -13,12 +13,14 @@ Python: ``load(paths)`` gives the runs and groups the notebooks plot.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.report.coord import coord_figure, coord_table
 from attnlab.report.figures import all_figures
+from attnlab.report.lr import lr_figure, lr_table
 from attnlab.report.runs import (
     Group,
     ReportError,
@@ -30,6 +32,7 @@ from attnlab.report.runs import (
     save_data,
     varying_keys,
 )
+from attnlab.runs import MAPS_DIR
 
 # Vaswani et al. 2017, Table 3 (newstest2013 dev, EN→DE, base model, 100K steps): (h, d_k, d_v) → (PPL, BLEU).
 VASWANI_TABLE_3 = {
@@ -107,10 +110,36 @@ def vaswani_table(report: Report) -> list[str]:
     return [*lines, ""]
 
 
+def attention_maps(report: Report, out: Path) -> list[str]:
+    """The first and last attention map of one run per configuration, side by side (copied to out/maps/)."""
+    rows = []
+    for index, group in enumerate(report.groups):
+        for run in group.runs:
+            maps = sorted((Path(run.name) / MAPS_DIR).glob("step_*.png"))
+            if len(maps) < 2:
+                continue
+            (out / "maps").mkdir(parents=True, exist_ok=True)
+            cells = []
+            for which, path in (("first", maps[0]), ("last", maps[-1])):
+                copy = out / "maps" / f"{index:02d}_{which}.png"
+                shutil.copyfile(path, copy)
+                step = int(path.stem.removeprefix("step_"))
+                cells.append(f"step {step}<br>![{group.label}, step {step}](maps/{copy.name})")
+            rows.append(f"| {group.label}<br>`{Path(run.name).name}` | {cells[0]} | {cells[1]} |")
+            break
+    if not rows:
+        return []
+    return ["## Attention maps", "",
+            "The weights of the first validation example, per layer and head, at the first and the last probe "
+            "step of one run per configuration.", "",
+            "| configuration | first probe step | last probe step |", "|---|---|---|", *rows, ""]  # fmt: skip
+
+
 def write_report(report: Report, out: Path, sources: list[str]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     figures = all_figures(report.groups, out) if report.groups else []
-    figures += [path for path in [coord_figure(report.runs, out)] if path is not None]
+    extra = [coord_figure(report.runs, out), lr_figure(report.runs, report.axes, out)]
+    figures += [path for path in extra if path is not None]
     problems = [run for run in report.runs if run.status != "finished"]
     lines = [
         "# attnlab report",
@@ -126,6 +155,8 @@ def write_report(report: Report, out: Path, sources: list[str]) -> Path:
         "",
         *vaswani_table(report),
         *coord_table(report.runs),
+        *lr_table(report.runs, report.axes),
+        *attention_maps(report, out),
         "## Runs that did not finish (diverged, failed, unfinished, missing)",
         "",
         *([f"- **{run.status}**: `{run.name}` — {run.problem}" for run in problems] or ["None."]),

@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.rundir import read_run_file
-from attnlab.runs import flatten, read_config, read_metrics, series
+from attnlab.runs import MAPS_DIR, flatten, read_config, read_metrics, series
 
 # Config keys that differ between runs without being part of the experiment.
 NOT_COMPARED = ("run_dir", "paths.", "cache_dir", "resume", "logger.", "trainer.enable_progress_bar", "data.sword_dir")
@@ -158,8 +158,9 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
 
 def save_data(paths: list[str | Path], dest: Path) -> int:
     """Copy what a report reads of every run under ``paths`` into ``dest``: config.yaml, run.json,
-    csv/version_*/metrics.csv and each sweep's multirun.yaml, in the same layout; no checkpoints,
-    no W&B files. ``attnlab-report dest`` then rebuilds the same report. Returns the runs copied."""
+    csv/version_*/metrics.csv, the first and last attention map and each sweep's multirun.yaml, in
+    the same layout; no checkpoints, no W&B files. ``attnlab-report dest`` then rebuilds the same
+    report. Returns the runs copied."""
     copied = 0
     for path in map(Path, paths):
         target = dest / path.name
@@ -170,6 +171,8 @@ def save_data(paths: list[str | Path], dest: Path) -> int:
                 shutil.copy2(sweep / "multirun.yaml", target / sweep.relative_to(path) / "multirun.yaml")
         for run_dir in run_dirs_under(path):
             files = [run_dir / "config.yaml", run_dir / "run.json", *(run_dir / "csv").glob("version_*/metrics.csv")]
+            maps = sorted((run_dir / MAPS_DIR).glob("step_*.png"))
+            files += maps[:1] + maps[-1:] if len(maps) > 1 else maps  # the first and the last, as the report shows
             for file in files:
                 if file.exists():
                     copy = target / file.relative_to(path)
