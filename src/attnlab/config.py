@@ -167,6 +167,7 @@ class SyntheticSchema(DataSchema):
     val_size: int = field(default=MISSING, metadata=check(positive_int))
     test_size: int = field(default=MISSING, metadata=check(positive_int))
     seed: int | None = None  # null = the run's seed
+    eval_lengths: list[int] = field(default_factory=list)  # after training: test sets of these lengths
 
 
 @dataclass
@@ -360,6 +361,13 @@ def validate(cfg: DictConfig, datasets: dict) -> None:
         choice("data.source", data.source, list(SOURCES[data.name]))
     if "min_len" in data and data.min_len > data.max_len:
         raise ConfigError(f"data.min_len={data.min_len} > data.max_len={data.max_len}; need min_len <= max_len")
+    for length in data.get("eval_lengths") or []:
+        from attnlab.data.synthetic import check_sizes
+
+        try:
+            check_sizes(data.name, data.vocab, length, length)
+        except ValueError as error:
+            raise ConfigError(f"data.eval_lengths={list(data.eval_lengths)}: {error}") from None
 
     for group in ("callbacks", "logger"):
         for name, spec in cfg[group].extra.items():

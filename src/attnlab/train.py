@@ -30,6 +30,7 @@ from attnlab.config import validate
 from attnlab.console import StepProgressBar, parameters_line, quiet_foreign_noise, summary
 from attnlab.data import DATASETS, build_data
 from attnlab.distributed import Workers
+from attnlab.lengths import LengthGeneralisation
 from attnlab.lifecycle import (
     AtomicCheckpointIO,
     BestCheckpoint,
@@ -133,6 +134,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, stop: GracefulStop) -> list:
     best = BestCheckpoint(dirpath=checkpoints, filename="best", monitor=cfg.optimized_metric, mode="min", save_top_k=1)
     ends = [LastCheckpoint(checkpoints / "last.ckpt", cfg.callbacks.checkpoint_every_n_steps), stop]
     probes = build_probes(cfg.callbacks.get("probes"))
+    probes += [LengthGeneralisation(cfg.data, cfg.seed)] if cfg.data.get("eval_lengths") else []
     progress = [StepProgressBar()] if cfg.trainer.enable_progress_bar else []
     return [StepSeed(cfg.seed), Throughput(), best, *ends, *probes, *progress, *build_extra(cfg.callbacks.extra)]
 

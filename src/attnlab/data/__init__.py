@@ -11,7 +11,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from attnlab.data.module import SequenceData, Vocabulary
-from attnlab.data.synthetic import N_SPECIAL, TASKS, synthetic_splits
+from attnlab.data.synthetic import TASKS, synthetic_splits, vocab_size
 from attnlab.data.text import SOURCES as TEXT_SOURCES
 from attnlab.data.text import text_splits
 from attnlab.data.translation import SOURCES as TRANSLATION_SOURCES
@@ -24,7 +24,7 @@ def synthetic(cfg: DictConfig, seed: int, cache_dir: Path):
     splits = synthetic_splits(
         cfg.name, cfg.vocab, cfg.min_len, cfg.max_len, sizes, seed if data_seed is None else data_seed
     )
-    return splits, Vocabulary(size=N_SPECIAL + cfg.vocab)
+    return splits, Vocabulary(size=vocab_size(cfg.name, cfg.vocab))
 
 
 def translation(cfg: DictConfig, seed: int, cache_dir: Path):

@@ -9,6 +9,11 @@ ids ``N_SPECIAL .. N_SPECIAL + vocab - 1``; the ids below them are PAD, BOS, EOS
 * recall   associative recall: src = k1 v1 k2 v2 … kn vn q with distinct keys, tgt = the
            value stored under key q (keys and values drawn from disjoint halves of the
            vocabulary). n runs over [min_len, max_len].
+* lookup   recall with no use for positions: src = n pair tokens (k, v) with distinct keys k,
+           then a query token q; tgt = the v paired with q. ``vocab`` keys, LOOKUP_VALUES
+           values: K·V pair tokens and K query tokens. Finding the one pair among n is pure
+           content matching, so with ``model.positions=none`` what changes with n is only
+           how sharply attention can pick one key of n: the length-generalisation task.
 """
 
 from __future__ import annotations
@@ -45,7 +50,24 @@ def recall_example(rng, vocab, length):
     return src, [int(values[query])]
 
 
-TASKS = {"copy": copy_example, "reverse": reverse_example, "sort": sort_example, "recall": recall_example}
+LOOKUP_VALUES = 8
+
+
+def lookup_example(rng, vocab, length):
+    keys = rng.choice(vocab, size=length, replace=False)
+    values = rng.integers(LOOKUP_VALUES, size=length)
+    query = rng.integers(length)
+    pairs = (N_SPECIAL + keys * LOOKUP_VALUES + values).tolist()
+    return [*pairs, N_SPECIAL + vocab * LOOKUP_VALUES + int(keys[query])], [N_SPECIAL + int(values[query])]
+
+
+TASKS = {"copy": copy_example, "reverse": reverse_example, "sort": sort_example, "recall": recall_example,
+         "lookup": lookup_example}  # fmt: skip
+
+
+def vocab_size(task: str, vocab: int) -> int:
+    """Ids a task uses: the specials and its symbols (lookup: pair and query tokens)."""
+    return N_SPECIAL + (vocab * LOOKUP_VALUES + vocab if task == "lookup" else vocab)
 
 
 def check_sizes(task: str, vocab: int, min_len: int, max_len: int) -> None:
@@ -55,6 +77,11 @@ def check_sizes(task: str, vocab: int, min_len: int, max_len: int) -> None:
         raise ValueError(
             f"data.max_len={max_len} pairs need as many distinct keys, but data.vocab={vocab} "
             f"gives {vocab // 2}; raise data.vocab to at least {2 * max_len}"
+        )
+    if task == "lookup" and max_len > vocab:
+        raise ValueError(
+            f"data.max_len={max_len} pairs need as many distinct keys, but data.vocab={vocab} keys were "
+            f"asked for; raise data.vocab to at least {max_len}"
         )
 
 

@@ -35,6 +35,7 @@ class ModelConfig:
     n_layers: int = 2  # each of encoder and decoder
     dropout: float = 0.1
     max_len: int = 512
+    positions: str = "sinusoidal"  # or "none": no position information (a position-free task)
     pre_norm: bool = False
     tie_embeddings: bool = True  # share input embeddings and the output projection
     attention: AttentionConfig = field(default_factory=AttentionConfig)
@@ -45,6 +46,8 @@ class ModelConfig:
         for name in ("d_k", "d_v"):
             positive_int(name, getattr(self, name), allow_none=True)
         probability("dropout", self.dropout)
+        if self.positions not in ("sinusoidal", "none"):
+            raise ValueError(f"positions={self.positions!r} is not valid; accepted values: sinusoidal, none")
         if self.d_k is None:
             default_d_k(self.d_model, self.n_heads)
 
@@ -60,7 +63,7 @@ def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:
 
 
 class Embedding(nn.Module):
-    """Token embedding × √d_model plus sinusoidal positions, then dropout (§3.4, §3.5)."""
+    """Token embedding × √d_model plus sinusoidal positions (unless ``positions=none``), then dropout (§3.4, §3.5)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -69,12 +72,14 @@ class Embedding(nn.Module):
         self.register_buffer("positions", sinusoidal_positions(cfg.max_len, cfg.d_model), persistent=False)
         self.scale = math.sqrt(cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.add_positions = cfg.positions == "sinusoidal"
 
     def forward(self, tokens: Tensor) -> Tensor:
         length = tokens.shape[1]
         if length > self.positions.shape[0]:
             raise ValueError(f"sequence length {length} exceeds model.max_len={self.positions.shape[0]}")
-        return self.dropout(self.tokens(tokens) * self.scale + self.positions[:length])
+        embedded = self.tokens(tokens) * self.scale
+        return self.dropout(embedded + self.positions[:length] if self.add_positions else embedded)
 
 
 class FeedForward(nn.Sequential):
