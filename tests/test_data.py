@@ -6,7 +6,7 @@ from omegaconf import OmegaConf
 
 from attnlab.data import build_data
 from attnlab.data.module import IGNORE, StreamBatchSampler, collate_lm, collate_seq2seq
-from attnlab.data.synthetic import BOS, EOS, N_SPECIAL, SEP, synthetic_splits
+from attnlab.data.synthetic import BOS, EOS, LOOKUP_VALUES, N_SPECIAL, SEP, synthetic_splits, vocab_size
 from attnlab.data.translation import clean_osis, read_sword_pairs
 from helpers import ROOT
 from sword_fixture import write_module
@@ -33,6 +33,22 @@ def test_synthetic_tasks_follow_their_rule_and_are_deterministic(task):
             keys, values, query = src[0:-1:2], src[1:-1:2], src[-1]
             assert 3 <= len(keys) <= 6 and len(set(keys)) == len(keys)
             assert tgt == [values[keys.index(query)]]
+
+
+def test_lookup_pairs_are_single_tokens_and_the_target_is_the_queried_value():
+    vocab = 12
+    splits = synthetic_splits("lookup", vocab=vocab, min_len=3, max_len=6, sizes=SIZES, seed=3)
+    assert vocab_size("lookup", vocab) == N_SPECIAL + vocab * LOOKUP_VALUES + vocab
+    for src, tgt in zip(splits["train"]["src"], splits["train"]["tgt"], strict=True):
+        *pairs, query = src
+        decoded = [divmod(token - N_SPECIAL, LOOKUP_VALUES) for token in pairs]  # (key, value)
+        keys = [key for key, _ in decoded]
+        assert 3 <= len(pairs) <= 6 and len(set(keys)) == len(keys) and max(keys) < vocab
+        asked = query - N_SPECIAL - vocab * LOOKUP_VALUES
+        assert 0 <= asked < vocab and asked in keys
+        assert tgt == [N_SPECIAL + dict(decoded)[asked]]
+    with pytest.raises(ValueError, match=r"data.max_len=16 pairs .* data.vocab to at least 16"):
+        synthetic_splits("lookup", vocab=12, min_len=2, max_len=16, sizes=SIZES, seed=0)
 
 
 def test_recall_refuses_too_few_keys():

@@ -67,6 +67,17 @@ def test_decoder_lm_overfits_a_batch(variant):
     assert final < 0.1
 
 
+def test_without_positions_the_encoder_is_permutation_equivariant():
+    """model.positions=none: nothing but content tells tokens apart (and the default does)."""
+    src = torch.randint(4, 16, (2, 7))
+    order = torch.randperm(7)
+    for positions, equivariant in (("none", True), ("sinusoidal", False)):
+        model = Transformer(tiny(positions=positions, dropout=0.0)).eval()
+        with torch.no_grad():
+            shuffled, original = model.encode(src[:, order]), model.encode(src)[:, order]
+        assert torch.allclose(shuffled, original, atol=1e-5) == equivariant, positions
+
+
 def test_padding_does_not_change_real_positions():
     model = Transformer(tiny()).eval()
     src, tgt_in, _ = copy_batch(batch=2)

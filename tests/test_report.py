@@ -12,8 +12,9 @@ from nbclient import NotebookClient
 
 from attnlab.report import load, main
 from attnlab.report.coord import coord_figure, coord_table
+from attnlab.report.lengths import lengths_figure, lengths_table
 from attnlab.report.lr import lr_figure, lr_table
-from attnlab.report.runs import Run
+from attnlab.report.runs import Run, group_runs
 from helpers import FAST, ROOT, cli
 
 RULES = ["none", "sqrt_dk", "dk", "learned"]
@@ -155,6 +156,22 @@ def test_lr_sensitivity_is_wortsmans_formula_on_constructed_runs(tmp_path):
     assert b[3] == "0" and b[7] == "0.300 ± 0.000"
     is_png(lr_figure(runs, axes, tmp_path))
     assert lr_table(runs, ["attention.scale", "seed"]) == []  # no LR axis: no section
+
+
+def test_length_table_averages_seeds_and_the_layers_that_see_the_sequence(tmp_path):
+    def run(rule, seed, accuracy):
+        row = {"step": 99.0, "length/seq_acc/len8": accuracy, "length/seq_acc/len16": accuracy / 2,
+               "length/entropy_norm/enc.L0/len8": 0.2, "length/entropy_norm/dec.cross.L0/len8": 0.4,
+               "length/entropy_norm/dec.self.L0/len8": 0.0}  # fmt: skip
+        return Run(name=f"{rule}-{seed}", config={"attention.scale": rule, "seed": seed}, rows=[row])
+
+    runs = [run("log_n", 0, 0.9), run("log_n", 1, 0.7), run("sqrt_dk", 0, 0.5)]
+    groups = group_runs(runs, ["attention.scale", "seed"])
+    text = "\n".join(lengths_table(groups))
+    assert "| scale=log_n | 2 | 0.800 ± 0.141 | 0.400 ± 0.071 |" in text
+    assert "| scale=sqrt_dk | 1 | 0.500 | 0.250 |" in text
+    assert "| scale=log_n | 2 | 0.300 ± 0.000 | – |" in text  # (0.2 + 0.4) / 2: dec.self is left out
+    is_png(lengths_figure(groups, tmp_path))
 
 
 def test_bad_paths_fail_clearly(tmp_path, capsys):

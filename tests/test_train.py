@@ -9,7 +9,10 @@ from omegaconf import OmegaConf
 
 from attnlab import wandb_records
 from attnlab.config import ConfigError
+from attnlab.data.module import Vocabulary, collate_seq2seq
+from attnlab.data.synthetic import synthetic_splits, vocab_size
 from attnlab.runs import read_config, read_metrics, series
+from attnlab.task import SequenceTask
 from attnlab.train import train
 from helpers import FAST, ROOT, cli, compose_run, run_train, wandb_run_files
 from sword_fixture import write_module
@@ -212,6 +215,9 @@ def test_resume_of_a_missing_run_says_what_is_missing(tmp_path):
         (["optim.schedule=linear"], r"optim.schedule='linear'.*inverse_sqrt"),
         (["data=text", "model=transformer"], r"data=text.*model=lm"),
         (["trainer.max_steps=0"], r"trainer.max_steps=0.*positive"),
+        (["data=lookup", "data.vocab=16", "data.eval_lengths=[8,32]"], r"data.eval_lengths=\[8, 32\].*at least 32"),
+        (["model.positions=learned"], r"model.positions='learned'.*sinusoidal, none"),
+        (["attention.scale=ssmax", "attention.scale_options.ssmax.init=-1"], r"attention.scale_options.ssmax.init=-1"),
     ],
 )
 def test_bad_config_fails_before_training(tmp_path, overrides, expected):
@@ -245,6 +251,27 @@ def test_a_rule_from_the_users_own_module_runs_from_the_cli(tmp_path):
     result = cli("attnlab-train", f"hydra.run.dir={tmp_path / 'bad'}", "attention.scale=sqrt_length")
     assert result.returncode != 0 and "register your own rule with @register_temperature" in result.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_length_generalisation_metrics_equal_the_final_model_on_fresh_test_sets(tmp_path):
+    run_train(tmp_path, "data=lookup", "data.vocab=16", "data.max_len=4", "data.eval_lengths=[4,12]",
+              "model.positions=none", "attention.scale=log_n", "test=false", "logger=csv")  # fmt: skip
+    logged = {key: value for row in read_metrics(tmp_path) for key, value in row.items() if key.startswith("length/")}
+    assert {f"length/seq_acc/len{n}" for n in (4, 12)} <= set(logged)
+    assert "length/entropy_norm/enc.L1/len12" in logged and "length/max_weight/dec.cross.L0/len4" in logged
+    # Reference: the final weights (last.ckpt) on the test split of each length, scored here.
+    cfg = read_config(tmp_path)
+    model = SequenceTask(cfg, Vocabulary(size=vocab_size("lookup", 16))).model.eval()
+    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    model.load_state_dict({key.removeprefix("model."): value for key, value in state.items()})
+    for length in (4, 12):
+        split = synthetic_splits("lookup", 16, length, length, {"test": cfg["data"]["test_size"]}, cfg["seed"])["test"]
+        batch = collate_seq2seq(list(split))
+        with torch.no_grad():
+            logits, targets = model.forward_batch(batch)
+        scored = targets != -100
+        exact = ((logits.argmax(-1) == targets) | ~scored).all(1).float().mean().item()
+        assert logged[f"length/seq_acc/len{length}"] == pytest.approx(exact, abs=1e-6)
 
 
 # --- sweeps: DDP inside a multirun, and the joblib launcher ------------------------------

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from attnlab.report.coord import coord_figure, coord_table
 from attnlab.report.figures import all_figures
+from attnlab.report.lengths import lengths_figure, lengths_table
 from attnlab.report.lr import lr_figure, lr_table
 from attnlab.report.runs import (
     Group,
@@ -139,6 +140,7 @@ def write_report(report: Report, out: Path, sources: list[str]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     figures = all_figures(report.groups, out) if report.groups else []
     extra = [coord_figure(report.runs, out), lr_figure(report.runs, report.axes, out)]
+    extra.append(lengths_figure(report.groups, out))
     figures += [path for path in extra if path is not None]
     problems = [run for run in report.runs if run.status != "finished"]
     lines = [
@@ -156,6 +158,7 @@ def write_report(report: Report, out: Path, sources: list[str]) -> Path:
         *vaswani_table(report),
         *coord_table(report.runs),
         *lr_table(report.runs, report.axes),
+        *lengths_table(report.groups),
         *attention_maps(report, out),
         "## Runs that did not finish (diverged, failed, unfinished, missing)",
         "",
