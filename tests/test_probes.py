@@ -183,7 +183,8 @@ def test_activation_probe_logs_the_mean_size_of_each_output_at_init(tmp_path):
 
 
 def test_attention_map_at_step_0_is_the_initial_models_weights_on_the_first_validation_example(tmp_path):
-    cfg = compose_run(tmp_path, [*PROBE_EVERY_STEP, "model=transformer", "data=copy", "callbacks.probes.maps=true"])
+    maps = "callbacks.probes.maps_every_n_steps=1"
+    cfg = compose_run(tmp_path, [*PROBE_EVERY_STEP, "model=transformer", "data=copy", maps])
     task, _, _ = initial_model_and_first_batch(cfg)
     data = build_data(cfg.data, cfg.model.kind, cfg.seed, cfg.paths.cache_dir)
     data.setup("fit")
@@ -262,6 +263,7 @@ def test_at_init_unscaled_logits_saturate_and_starve_the_typical_row():
 
 def test_learned_run_logs_every_probe_family_for_every_layer_to_wandb(tmp_path):
     run_train(tmp_path, "attention.scale=learned", "callbacks.probes.every_n_steps=5", "trainer.max_steps=30",
+              "callbacks.probes.maps_every_n_steps=5",
               "optim.lr=1e-2", "optim.warmup_steps=5", "test=false")  # fmt: skip
     (run_file,) = wandb_run_files(tmp_path)
     rows = wandb_records.history(run_file)

@@ -26,7 +26,8 @@ def sweep(tmp_path_factory):
     sweep_dir = tmp_path_factory.mktemp("sweep")
     result = cli(
         "attnlab-train", "-m", f"attention.scale={','.join(RULES)}", "seed=0,1", f"hydra.sweep.dir={sweep_dir}",
-        "logger=csv", "callbacks.probes.every_n_steps=3", "name=tiny", *FAST, cwd=sweep_dir,
+        "logger=csv", "callbacks.probes.every_n_steps=3", "callbacks.probes.maps_every_n_steps=3", "name=tiny",
+        *FAST, cwd=sweep_dir,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return sweep_dir

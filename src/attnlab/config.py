@@ -115,7 +115,7 @@ class ProbesSchema:
     attention: bool = MISSING
     temperature: bool = MISSING
     activations: bool = False
-    maps: bool = False
+    maps_every_n_steps: int | None = field(default=None, metadata=check(lambda n, v: positive_int(n, v, True)))
     chunk_size: int = field(default=MISSING, metadata=check(positive_int))
 
 

@@ -214,8 +214,8 @@ def build_probes(cfg) -> list[Probe]:
         probes.append(TemperatureProbe(every))
     if cfg.get("activations", False):
         probes.append(ActivationProbe(every))
-    if cfg.get("maps", False):
+    if cfg.get("maps_every_n_steps"):
         from attnlab.probes.maps import AttentionMaps
 
-        probes.append(AttentionMaps(every))
+        probes.append(AttentionMaps(cfg.maps_every_n_steps))
     return probes

@@ -158,7 +158,8 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
 
 def save_data(paths: list[str | Path], dest: Path) -> int:
     """Copy what a report reads of every run under ``paths`` into ``dest``: config.yaml, run.json,
-    csv/version_*/metrics.csv, the first and last attention map and each sweep's multirun.yaml, in
+    csv/version_*/metrics.csv, the first and last attention map, each sweep's multirun.yaml (and an
+    Optuna study's optimization_results.yaml), in
     the same layout; no checkpoints, no W&B files. ``attnlab-report dest`` then rebuilds the same
     report. Returns the runs copied."""
     copied = 0
@@ -166,9 +167,10 @@ def save_data(paths: list[str | Path], dest: Path) -> int:
         target = dest / path.name
         sweeps = {path, *(d.parent for d in run_dirs_under(path))}
         for sweep in sweeps:
-            if (sweep / "multirun.yaml").exists():
-                (target / sweep.relative_to(path)).mkdir(parents=True, exist_ok=True)
-                shutil.copy2(sweep / "multirun.yaml", target / sweep.relative_to(path) / "multirun.yaml")
+            for name in ("multirun.yaml", "optimization_results.yaml"):  # the sweep; an Optuna study's best
+                if (sweep / name).exists():
+                    (target / sweep.relative_to(path)).mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(sweep / name, target / sweep.relative_to(path) / name)
         for run_dir in run_dirs_under(path):
             files = [run_dir / "config.yaml", run_dir / "run.json", *(run_dir / "csv").glob("version_*/metrics.csv")]
             maps = sorted((run_dir / MAPS_DIR).glob("step_*.png"))
