@@ -157,11 +157,10 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
 
 
 def save_data(paths: list[str | Path], dest: Path) -> int:
-    """Copy what a report reads of every run under ``paths`` into ``dest``: config.yaml, run.json,
-    csv/version_*/metrics.csv, the first and last attention map, each sweep's multirun.yaml (and an
-    Optuna study's optimization_results.yaml), in
-    the same layout; no checkpoints, no W&B files. ``attnlab-report dest`` then rebuilds the same
-    report. Returns the runs copied."""
+    """Copy what a report reads of every run under ``paths`` into ``dest``, in the same layout:
+    config.yaml, run.json, csv/version_*/metrics.csv, the first and last attention map, each
+    sweep's multirun.yaml (and an Optuna study's optimization_results.yaml); no checkpoints, no
+    W&B files. ``attnlab-report dest`` then rebuilds the same report. Returns the runs copied."""
     copied = 0
     for path in map(Path, paths):
         target = dest / path.name
