@@ -46,18 +46,23 @@ class Score(nn.Module):
         return q @ k.transpose(-2, -1)
 
 
-def register_variant(name: str):
-    """Class decorator: make a ``Score`` subclass selectable as ``attention.variant=name``."""
+def registrar(table: dict, base: type, kind: str, name: str):
+    """A class decorator that files a subclass of ``base`` in ``table`` under ``name``."""
 
-    def register(cls: type[Score]) -> type[Score]:
-        if not (isinstance(cls, type) and issubclass(cls, Score)):
-            raise TypeError(f"variant {name!r} must be a subclass of attnlab.attention.Score")
-        if name in VARIANTS and VARIANTS[name] is not cls:
-            raise ValueError(f"variant {name!r} is already registered by {VARIANTS[name]}")
-        VARIANTS[name] = cls
+    def register(cls):
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise TypeError(f"{kind} {name!r} must be a subclass of attnlab.attention.{base.__name__}")
+        if name in table and table[name] is not cls:
+            raise ValueError(f"{kind} {name!r} is already registered by {table[name]}")
+        table[name] = cls
         return cls
 
     return register
+
+
+def register_variant(name: str):
+    """Class decorator: make a ``Score`` subclass selectable as ``attention.variant=name``."""
+    return registrar(VARIANTS, Score, "variant", name)
 
 
 def variant_class(variant: str) -> type[Score]:
@@ -73,9 +78,13 @@ def make_score(variant: str, d_k: int, n_heads: int, **options) -> Score:
     return variant_class(variant)(d_k, n_heads, **options)
 
 
+def import_all(package) -> None:
+    """Import every module of ``package``, so that each registers what it defines."""
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{module.name}")
+
+
 def load_variants() -> None:
-    """Import every module in attnlab.attention.variants so each registers itself."""
     from attnlab.attention import variants
 
-    for module in pkgutil.iter_modules(variants.__path__):
-        importlib.import_module(f"{variants.__name__}.{module.name}")
+    import_all(variants)

@@ -24,14 +24,13 @@ A number where a rule name is expected is a fixed divisor.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
-import pkgutil
 
 import torch
 from torch import Tensor, nn
 
+from attnlab.attention.registry import import_all, registrar
 from attnlab.checks import positive_int, positive_number
 
 
@@ -78,16 +77,7 @@ TEMPERATURES: dict[str, type[Temperature]] = {}
 
 def register_temperature(name: str):
     """Class decorator: make a ``Temperature`` subclass selectable as ``attention.scale=name``."""
-
-    def register(cls: type[Temperature]) -> type[Temperature]:
-        if not (isinstance(cls, type) and issubclass(cls, Temperature)):
-            raise TypeError(f"temperature rule {name!r} must be a subclass of attnlab.attention.Temperature")
-        if name in TEMPERATURES and TEMPERATURES[name] is not cls:
-            raise ValueError(f"temperature rule {name!r} is already registered by {TEMPERATURES[name]}")
-        TEMPERATURES[name] = cls
-        return cls
-
-    return register
+    return registrar(TEMPERATURES, Temperature, "temperature rule", name)
 
 
 def parse_rule(rule: str | float) -> str | float:
@@ -153,8 +143,6 @@ def tau_values(temperature: Temperature) -> Tensor:
 
 
 def load_rules() -> None:
-    """Import every module in attnlab.attention.rules so each registers itself."""
     from attnlab.attention import rules
 
-    for module in pkgutil.iter_modules(rules.__path__):
-        importlib.import_module(f"{rules.__name__}.{module.name}")
+    import_all(rules)
