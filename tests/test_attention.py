@@ -10,9 +10,13 @@ from attnlab.attention import (
     TEMPERATURES,
     AttentionConfig,
     MultiHeadAttention,
+    Score,
+    Temperature,
     attention,
     key_counts,
     make_temperature,
+    register_temperature,
+    register_variant,
     tau_values,
 )
 from attnlab.probes import recording
@@ -59,6 +63,16 @@ def test_rule_values(rule):
 
 def test_rule_table_is_public_and_complete():
     assert {"none", "sqrt_dk", "dk", "learned", "mup", "log_n", "ssmax"} <= set(TEMPERATURES)
+
+
+def test_registering_checks_the_class_and_refuses_a_taken_name():
+    with pytest.raises(TypeError, match=r"temperature rule 'odd' must be a subclass of attnlab.attention.Temperature"):
+        register_temperature("odd")(object)
+    with pytest.raises(ValueError, match=r"temperature rule 'sqrt_dk' is already registered by"):
+        register_temperature("sqrt_dk")(type("Other", (Temperature,), {}))
+    with pytest.raises(ValueError, match=r"variant 'dot' is already registered by"):
+        register_variant("dot")(type("Other", (Score,), {}))
+    assert TEMPERATURES["sqrt_dk"].__name__ == "SqrtDk"  # the refused class did not replace it
 
 
 def test_number_as_string_is_a_fixed_divisor():
