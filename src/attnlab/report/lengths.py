@@ -88,7 +88,7 @@ def lengths_figure(groups: list[Group], out: Path) -> Path | None:
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, [str(length) for length in lengths])
         ax.minorticks_off()
-        ax.set(title=title, xlabel="sequence length (keys)")
+        ax.set(title=title, xlabel="length (data.eval_lengths)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     return save(fig, out / "length_generalisation.png")
