@@ -8,6 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
 from attnlab.config import ConfigError, validate
 from attnlab.data import DATASETS
@@ -15,7 +16,7 @@ from attnlab.rundir import read_run_file
 from attnlab.runs import read_metrics, series
 from attnlab.task import build_model
 from attnlab.train import CONF_DIR
-from helpers import ROOT, cli, run_train
+from helpers import FAST, ROOT, cli, run_train
 
 CONF = ROOT / "conf"
 
@@ -23,9 +24,12 @@ CONF = ROOT / "conf"
 # means changing this table: it is what the experiment's README promises.
 SWEEPS = {
     "additive_vs_dot": ({"attention", "attention.scale", "model.d_k"}, 8),
+    "coord_check": ({"attention.scale", "model.d_k", "seed"}, 40),
     "dk_ablation": ({"model.d_k"}, 3),
     "dk_init": ({"attention.scale", "model.d_k"}, 24),
     "heads_ablation": ({"model.n_heads"}, 5),
+    "length_generalisation": ({"attention.scale", "seed"}, 12),
+    "lr_sensitivity": ({"attention.scale", "optim.lr", "seed"}, 56),
     "scale_ablation": ({"attention.scale"}, 4),
     "scale_quick": ({"attention.scale"}, 4),
 }
@@ -60,6 +64,22 @@ def test_every_job_of_every_experiment_sweep_composes_validates_and_builds(exper
 
 
 # --- debug= -----------------------------------------------------------------------------------
+
+
+def test_optuna_tunes_the_lr_and_reports_the_best_trial(tmp_path):
+    """hparams_search=lr_optuna: a real Optuna study (3 trials); its best is the best trial's."""
+    result = cli("attnlab-train", "-m", "hparams_search=lr_optuna", f"hydra.sweep.dir={tmp_path}",
+                 "hydra.sweeper.n_trials=3", "hydra.sweeper.sampler.n_startup_trials=2", "logger=csv",
+                 *FAST, cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    best = OmegaConf.load(tmp_path / "optimization_results.yaml")
+    trials = sorted(path for path in tmp_path.iterdir() if (path / "config.yaml").exists())
+    assert len(trials) == 3
+    lrs = [OmegaConf.load(path / "config.yaml").optim.lr for path in trials]
+    assert len(set(lrs)) == 3 and all(1e-4 <= lr <= 1e-1 for lr in lrs)  # drawn log-uniformly, not the default
+    scores = [min(series(read_metrics(path), "val/loss")[1]) for path in trials]
+    assert best.best_value == pytest.approx(min(scores), rel=1e-5)
+    assert best.best_params["optim.lr"] == pytest.approx(lrs[scores.index(min(scores))])
 
 
 def test_debug_fdr_runs_one_step_of_everything_and_logs_nothing(tmp_path):
