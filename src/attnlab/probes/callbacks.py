@@ -160,6 +160,8 @@ class ActivationProbe(Probe):
 
     def keeper(self, name: str):
         def keep(module, inputs, output) -> None:
+            if not module.training:  # another callback's forward in eval mode (the attention maps'): not training's
+                return
             size = output.detach().abs().mean()  # no host sync: read once, at the optimizer step
             total, count = self.sums.get(name, (0.0, 0))
             self.sums[name] = (total + size, count + 1)
