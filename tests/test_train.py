@@ -246,10 +246,10 @@ def test_a_rule_from_the_users_own_module_runs_from_the_cli(tmp_path):
     header = (tmp_path / "run" / "csv/version_0/metrics.csv").read_text().splitlines()[0].split(",")
     assert "attn/gain/enc.L0.H0" in header and "attn/entropy/dec.cross.L0" in header
 
-    result = cli("attnlab-train", f"hydra.run.dir={tmp_path / 'bad'}", "imports=[no_such_rules]", env=tests_dir)
-    assert result.returncode != 0 and "imports: module 'no_such_rules' cannot be imported" in result.stderr
-    result = cli("attnlab-train", f"hydra.run.dir={tmp_path / 'bad'}", "attention.scale=sqrt_length")
-    assert result.returncode != 0 and "register your own rule with @register_temperature" in result.stderr
+    with pytest.raises(ConfigError, match=r"imports: module 'no_such_rules' cannot be imported"):
+        run_train(tmp_path / "bad", "imports=[no_such_rules]")
+    with pytest.raises(ConfigError, match=r"scale='no_such_rule' .*register your own rule with @register_temperature"):
+        run_train(tmp_path / "bad", "attention.scale=no_such_rule")
     assert not (tmp_path / "bad").exists()
 
 
