@@ -408,6 +408,7 @@ DDP = ["trainer=ddp_cpu", "trainer.val_check_interval=4", "callbacks.checkpoint_
        "logger=csv", "test=false", *TINY]  # fmt: skip
 
 
+@pytest.mark.slow  # ≈65 s: three 2-process DDP runs
 def test_ddp_resume_restores_every_rank_and_ends_as_an_uninterrupted_run(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     for run_dir, steps in ((straight, 8), (resumed, 4)):

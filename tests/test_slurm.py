@@ -98,6 +98,7 @@ def uninterrupted(tmp_path_factory):
     return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
 
 
+@pytest.mark.slow  # ≈80 s: two requeues, each waiting out SLURM's restart delay
 def test_usr1_and_a_real_preemption_requeue_and_the_job_ends_as_if_never_interrupted(cluster, tmp_path, uninterrupted):
     sweep_dir = tmp_path / "sweep"
     run_dir, last = sweep_dir / "0", sweep_dir / "0" / "checkpoints" / "last.ckpt"
