@@ -27,6 +27,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from attnlab.attention import AttentionConfig
 from attnlab.checks import non_negative_int, non_negative_number, positive_int, positive_number, probability
+from attnlab.data.synthetic import check_sizes
 from attnlab.models import ModelConfig
 
 
@@ -362,8 +363,6 @@ def validate(cfg: DictConfig, datasets: dict) -> None:
     if "min_len" in data and data.min_len > data.max_len:
         raise ConfigError(f"data.min_len={data.min_len} > data.max_len={data.max_len}; need min_len <= max_len")
     for length in data.get("eval_lengths") or []:
-        from attnlab.data.synthetic import check_sizes
-
         try:
             check_sizes(data.name, data.vocab, length, length)
         except ValueError as error:

@@ -26,6 +26,7 @@ from attnlab.report.runs import (
     Group,
     ReportError,
     Run,
+    cell,
     d_k_of,
     find_runs,
     group_runs,
@@ -59,13 +60,6 @@ def load(paths: list[str | Path]) -> Report:
     runs = find_runs(paths)
     axes = varying_keys(runs)
     return Report(runs, axes, group_runs(runs, axes))
-
-
-def cell(stats, digits=3) -> str:
-    if stats is None:
-        return "–"
-    mean, std, n = stats
-    return f"{mean:.{digits}f} ± {std:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
 
 
 def final_metrics_table(report: Report) -> list[str]:

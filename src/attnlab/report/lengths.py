@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.report.figures import COLOURS, plt, save
-from attnlab.report.runs import Group
+from attnlab.report.runs import Group, cell
 
 METRIC = re.compile(r"^length/(?P<name>[a-z_]+)/(?:(?P<layer>[^/]+)/)?len(?P<length>\d+)$")
 
@@ -36,13 +36,6 @@ def stats(group: Group, name: str, length: int) -> tuple[float, float, int] | No
     if not values:
         return None
     return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0, len(values)
-
-
-def cell(found, digits: int = 3) -> str:
-    if found is None:
-        return "–"
-    mean, std, n = found
-    return f"{mean:.{digits}f} ± {std:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
 
 
 def lengths_table(groups: list[Group]) -> list[str]:

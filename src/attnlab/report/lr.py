@@ -60,8 +60,12 @@ def sensitivity(losses: dict[float, tuple[float | None, float | None]]) -> tuple
     start = float(np.mean(initials))  # the same model at init for every η: equal up to float noise
     best_lr = min(finals, key=finals.get)
     best = finals[best_lr]
-    capped = [min(final, start) if final is not None else start for final, _ in losses.values()]
-    return float(np.mean([value - best for value in capped])), best, best_lr, start
+    return float(np.mean([capped(final, start) - best for final, _ in losses.values()])), best, best_lr, start
+
+
+def capped(final: float | None, start: float) -> float:
+    """min(ℓ(η), ℓ₀), a diverged run (None) counting as ℓ₀."""
+    return start if final is None else min(final, start)
 
 
 def lr_table(runs: list[Run], axes: list[str]) -> list[str]:
@@ -105,8 +109,7 @@ def lr_figure(runs: list[Run], axes: list[str], out: Path) -> Path | None:
         for losses in seeds.values():
             result = sensitivity(losses)
             start = result[3] if result else np.nan
-            curves.append([min(losses[lr][0], start) if losses.get(lr, (None,))[0] is not None else start
-                           for lr in lrs])  # fmt: skip
+            curves.append([capped(losses[lr][0], start) if lr in losses else np.nan for lr in lrs])
             crosses = [lr for lr in lrs if lr in losses and losses[lr][0] is None]
             ax.plot(crosses, [start] * len(crosses), "x", color=colour, ms=8)
         values = np.array(curves, dtype=float)

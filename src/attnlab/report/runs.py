@@ -238,6 +238,14 @@ class Group:
         return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0, len(values)
 
 
+def cell(stats: tuple[float, float, int] | None, digits: int = 3) -> str:
+    """(mean, std, n) as a table cell: "mean ± std", the mean alone for n = 1, "–" for nothing."""
+    if stats is None:
+        return "–"
+    mean, std, n = stats
+    return f"{mean:.{digits}f} ± {std:.{digits}f}" if n > 1 else f"{mean:.{digits}f}"
+
+
 def group_runs(runs: list[Run], axes: list[str]) -> list[Group]:
     """Finished runs grouped by every varying key but the seed."""
     by_setting = [key for key in axes if key != "seed"]
