@@ -53,7 +53,7 @@ def test_transformer_overfits_a_copy_batch_and_decodes_it(pre_norm, scale):
     final = overfit(model, lambda: sequence_loss(model(src, tgt_in), tgt_out))
     assert final < 0.05 < initial
     model.eval()
-    decoded = model.greedy_decode(src, BOS, EOS, max_len=10)
+    decoded = model.generate(src, None, BOS, EOS)
     assert torch.equal(decoded[:, : src.shape[1] + 1], tgt_out)
 
 

@@ -28,6 +28,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from attnlab.attention import AttentionConfig
 from attnlab.checks import non_negative_int, non_negative_number, positive_int, positive_number, probability
 from attnlab.data.synthetic import check_sizes
+from attnlab.evaluation import DECODERS
 from attnlab.models import ModelConfig
 
 
@@ -121,8 +122,15 @@ class ProbesSchema:
 
 
 @dataclass
+class AverageSchema:
+    last_k: int | None = field(default=None, metadata=check(lambda n, v: positive_int(n, v, True)))
+    every_n_steps: int = field(default=1000, metadata=check(positive_int))
+
+
+@dataclass
 class CallbacksSchema:
     checkpoint_every_n_steps: int = field(default=MISSING, metadata=check(positive_int))
+    average: AverageSchema = field(default_factory=AverageSchema)
     probes: ProbesSchema = MISSING
     # Any Lightning callback, by name: {_target_: <class>, <its arguments>} (conf/callbacks/extra/)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -157,6 +165,8 @@ class DataSchema:
     batch_size: int = field(default=MISSING, metadata=check(positive_int))
     eval_batch_size: int | None = field(default=None, metadata=check(lambda n, v: positive_int(n, v, True)))
     num_workers: int = field(default=0, metadata=check(non_negative_int))
+    # Token-based batches: at most this many (padded) tokens per batch instead of batch_size examples.
+    max_tokens: int | None = field(default=None, metadata=check(lambda n, v: positive_int(n, v, True)))
 
 
 @dataclass
@@ -199,14 +209,25 @@ class TranslationHubSchema:
 
 
 @dataclass
+class BleuSchema:
+    """How val/bleu and test/bleu decode (attnlab/evaluation.py)."""
+
+    val: str = field(default=MISSING, metadata=check(lambda n, v: choice(n, v, DECODERS)))
+    test: str = field(default=MISSING, metadata=check(lambda n, v: choice(n, v, DECODERS)))
+    beam: int = field(default=MISSING, metadata=check(positive_int))
+    alpha: float = field(default=MISSING, metadata=check(non_negative_number))
+    extra_length: int = field(default=MISSING, metadata=check(positive_int))
+
+
+@dataclass
 class TranslationSchema(CorpusSchema):
     sword_dir: str = MISSING
     source_module: str = MISSING
     target_module: str = MISSING
     hub: TranslationHubSchema = MISSING
     max_ratio: float = field(default=MISSING, metadata=check(positive_number))
-    max_tokens: int = field(default=MISSING, metadata=check(positive_int))
-    bleu_batches: int = field(default=MISSING, metadata=check(non_negative_int))
+    max_length: int = field(default=MISSING, metadata=check(positive_int))
+    bleu: BleuSchema = MISSING
 
 
 @dataclass

@@ -20,12 +20,18 @@ NO_DECAY_MODULES = (Temperature, nn.LayerNorm, nn.Embedding)
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 
 
-def inverse_sqrt(warmup: int, total: int):
-    """Vaswani et al. §5.3: linear warm-up, then ∝ 1/√step."""
+def inverse_sqrt(warmup: int, total: int, d_model: int):
+    """Linear warm-up to the peak ``optim.lr``, then ∝ 1/√step (the shape of Vaswani et al. §5.3)."""
     return lambda step: min((step + 1) / warmup, math.sqrt(warmup / (step + 1)))
 
 
-def cosine(warmup: int, total: int):
+def vaswani(warmup: int, total: int, d_model: int):
+    """Vaswani et al. §5.3, eq. 3, as written: lrate = d_model^-0.5 · min(step^-0.5, step · warmup^-1.5),
+    step counted from 1. ``optim.lr`` multiplies it (1.0 = the paper)."""
+    return lambda step: d_model**-0.5 * min((step + 1) ** -0.5, (step + 1) * warmup**-1.5)
+
+
+def cosine(warmup: int, total: int, d_model: int):
     def multiplier(step):
         step += 1
         if step < warmup:
@@ -36,12 +42,12 @@ def cosine(warmup: int, total: int):
     return multiplier
 
 
-def constant(warmup: int, total: int):
+def constant(warmup: int, total: int, d_model: int):
     return lambda step: 1.0
 
 
-# Each maps (warmup, total steps) to the multiplier of the peak lr at optimizer step ``step`` (0-based).
-SCHEDULES = {"inverse_sqrt": inverse_sqrt, "cosine": cosine, "constant": constant}
+# Each maps (warmup, total steps, d_model) to the multiplier of optim.lr at optimizer step ``step`` (0-based).
+SCHEDULES = {"inverse_sqrt": inverse_sqrt, "vaswani": vaswani, "cosine": cosine, "constant": constant}
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -70,5 +76,6 @@ def build_optimizer(model: nn.Module, optim: dict, total_steps: int):
         betas=tuple(optim["betas"]),
         eps=optim["eps"],
     )
-    multiplier = SCHEDULES[optim["schedule"]](optim["warmup_steps"], total_steps)
+    d_model = getattr(getattr(model, "cfg", None), "d_model", 1)
+    multiplier = SCHEDULES[optim["schedule"]](optim["warmup_steps"], total_steps, d_model)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)

@@ -9,14 +9,17 @@ val/acc (token accuracy), val/seq_acc (whole target right) and, for translation,
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning as L
 import torch
+from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf
 from torchmetrics import MeanMetric
 
 from attnlab.attention import AttentionConfig
 from attnlab.data.module import IGNORE, Vocabulary
-from attnlab.evaluation import Bleu
+from attnlab.evaluation import Bleu, save_bleu
 from attnlab.models import MODELS, DecoderLM, ModelConfig, Transformer, sequence_loss
 from attnlab.optim import build_optimizer
 from attnlab.perf import logs_this_step
@@ -42,9 +45,10 @@ class SequenceTask(L.LightningModule):
         self.optim = config["optim"]
         # shared by validation and test; reset after each
         self.eval_loss, self.eval_acc, self.eval_seq_acc = MeanMetric(), MeanMetric(), MeanMetric()
-        bleu_batches = config["data"].get("bleu_batches", 0)
-        decodes = vocab.decode and hasattr(self.model, "greedy_decode")
-        self.bleu = Bleu(vocab, bleu_batches) if bleu_batches and decodes else None
+        bleu = config["data"].get("bleu")
+        decodes = bleu and vocab.decode and hasattr(self.model, "generate")
+        self.bleu = Bleu(vocab, bleu["beam"], bleu["alpha"], bleu["extra_length"]) if decodes else None
+        self.bleu_decoder = {"val": bleu["val"], "test": bleu["test"]} if decodes else {}
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (logits, targets), targets = -100 where no prediction is scored."""
@@ -77,8 +81,8 @@ class SequenceTask(L.LightningModule):
         self.eval_loss.update(loss, n_tokens)
         self.eval_acc.update(correct.sum() / n_tokens, n_tokens)
         self.eval_seq_acc.update((correct.sum(1) == scored.sum(1)).float().mean(), targets.shape[0])
-        if prefix == "val" and self.bleu and batch_idx < self.bleu.batches:
-            self.bleu.add(self.model, batch)
+        if self.bleu_decoder.get(prefix, "off") != "off":
+            self.bleu.add(self.model, batch, self.bleu_decoder[prefix])
 
     def log_evaluation(self, prefix: str) -> None:
         loss = self.eval_loss.compute()
@@ -91,8 +95,22 @@ class SequenceTask(L.LightningModule):
         self.log_dict(metrics, prog_bar=prefix == "val")
         for metric in (self.eval_loss, self.eval_acc, self.eval_seq_acc):
             metric.reset()
-        if prefix == "val" and self.bleu and (bleu := self.bleu.compute()) is not None:
-            self.log("val/bleu", bleu)
+        if self.bleu_decoder.get(prefix, "off") != "off":
+            self.log_bleu(prefix)
+
+    def log_bleu(self, prefix: str) -> None:
+        """<prefix>/bleu; its signature and decoder in bleu.json and the W&B summary."""
+        result = self.bleu.compute(self.bleu_decoder[prefix])
+        if result is None:
+            return
+        self.log(f"{prefix}/bleu", result.score)
+        if self.trainer.sanity_checking or not self.trainer.is_global_zero:
+            return
+        save_bleu(Path(self.trainer.default_root_dir), prefix, result)
+        for logger in self.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.experiment.summary[f"{prefix}/bleu_signature"] = result.signature
+                logger.experiment.summary[f"{prefix}/bleu_decoder"] = result.decoder
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         self.evaluate(batch, batch_idx, "val")

@@ -26,6 +26,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.averaging import CheckpointAveraging, write_average
 from attnlab.config import validate
 from attnlab.console import StepProgressBar, parameters_line, quiet_foreign_noise, summary
 from attnlab.data import DATASETS, build_data
@@ -62,6 +63,8 @@ OmegaConf.register_new_resolver("attnlab_run_dir", run_dir_for, replace=True, us
 OmegaConf.register_new_resolver("attnlab_unique_dir", unique_dir, replace=True, use_cache=True)
 # ${attnlab_mul:a,b} = a·b, for sweeps that tie sizes together (d_model = n_heads · d_k).
 OmegaConf.register_new_resolver("attnlab_mul", lambda a, b: a * b, replace=True)
+# ${attnlab_div:a,b} = a // b, for rows sized relative to d_model (conf/table3/B_*.yaml).
+OmegaConf.register_new_resolver("attnlab_div", lambda a, b: a // b, replace=True)
 # A resumed run keeps the .hydra/ of its first start and writes its own beside it.
 OmegaConf.register_new_resolver(
     "attnlab_hydra_subdir", lambda resume: ".hydra-resume" if resume else ".hydra", replace=True
@@ -82,6 +85,10 @@ def resumed_config(cfg: DictConfig, resume: str, overrides) -> DictConfig:
     if "tau_init" in resumed.attention:  # saved before the rules took their options from scale_options
         learned = {"init": resumed.attention.pop("tau_init"), "per_head": resumed.attention.pop("tau_per_head")}
         resumed.attention.scale_options = {"learned": learned}
+    if "bleu_batches" in resumed.data:  # saved before data.bleu and data.max_length (then named max_tokens)
+        resumed.data.pop("bleu_batches")
+        resumed.data.bleu = OmegaConf.load(Path(CONF_DIR) / "data" / "translation.yaml").bleu
+        resumed.data.max_length = resumed.data.pop("max_tokens")
     resumed.resume = str(run_dir)
     resumed.run_dir = str(run_dir.resolve())  # here, wherever the run first lived
     for key in set(override_keys(overrides)) & set(ON_RESUME):
@@ -133,6 +140,9 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, stop: GracefulStop) -> list:
     checkpoints = run_dir / "checkpoints"
     best = BestCheckpoint(dirpath=checkpoints, filename="best", monitor=cfg.optimized_metric, mode="min", save_top_k=1)
     ends = [LastCheckpoint(checkpoints / "last.ckpt", cfg.callbacks.checkpoint_every_n_steps), stop]
+    average = cfg.callbacks.average
+    if average.last_k:
+        ends.insert(0, CheckpointAveraging(checkpoints / "average", average.every_n_steps, average.last_k))
     probes = build_probes(cfg.callbacks.get("probes"))
     probes += [LengthGeneralisation(cfg.data, cfg.seed)] if cfg.data.get("eval_lengths") else []
     progress = [StepProgressBar()] if cfg.trainer.enable_progress_bar else []
@@ -215,8 +225,14 @@ def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
             trainer.fit(task, datamodule=data, ckpt_path=str(last) if cfg.resume else None)
             final = dict(trainer.callback_metrics)  # the last validation's; the test adds its own
             best = trainer.checkpoint_callback  # the first ModelCheckpoint: by optimized_metric
+            tested = best.best_model_path or None
+            if cfg.callbacks.average.last_k:
+                tested = str(run_dir / "checkpoints" / "averaged.ckpt")
+                if writes:
+                    write_average(run_dir / "checkpoints" / "average", cfg.callbacks.average.last_k, Path(tested))
+                trainer.strategy.barrier()
             if cfg.test:
-                trainer.test(task, datamodule=data, ckpt_path=best.best_model_path or None)
+                trainer.test(task, datamodule=data, ckpt_path=tested)
                 final.update(trainer.callback_metrics)
         except SIGTERMException:
             interrupted = stop.interrupted(run_dir, trainer.global_step)

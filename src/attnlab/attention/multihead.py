@@ -127,22 +127,28 @@ class MultiHeadAttention(nn.Module):
         key_mask: Tensor | None = None,
         causal: bool = False,
         attn_mask: Tensor | None = None,
+        cache: dict | None = None,
     ) -> Tensor:
         """x: (B, n, d_model); source: (B, m, d_model) or None for self-attention.
 
         key_mask: (B, m) bool, True = a real key (False = padding, never attended).
         attn_mask: bool, broadcastable to (B, h, n, m), True = may attend.
+        cache: a dict this layer keeps its keys and values in, for decoding one token at a
+        time: self-attention appends the new position's (x is then that one position, which
+        sees every key so far); cross-attention projects ``source`` once.
         """
         self_attention = source is None
         source = x if self_attention else source
         self.check_inputs(x, source, key_mask, attn_mask)
+        k, v = self.keys_and_values(source, cache, self_attention)
+        causal = causal and cache is None
         mask = attn_mask
         if key_mask is not None:
             key_mask = key_mask[:, None, None, :]
             mask = key_mask if mask is None else mask & key_mask
         n_keys = None
         if self.temperature.uses_keys:
-            n_keys = key_counts(mask, causal, x.shape[1], source.shape[1], x.device)
+            n_keys = key_counts(mask, causal, x.shape[1], k.shape[-2], x.device)
         tau = self.temperature(n_keys)
 
         fast = self.score.fused and self.record is None and self.softcap is None
@@ -152,8 +158,6 @@ class MultiHeadAttention(nn.Module):
             q, tau = self.split_heads(self.project_scaled(x, tau), self.d_k), 1.0
         else:
             q = self.split_heads(self.q_proj(x), self.d_k)
-        k = self.split_heads(self.k_proj(source), self.d_k)
-        v = self.split_heads(self.v_proj(source), self.d_v)
         dropout_p = self.dropout if self.training else 0.0
 
         if fast:
@@ -169,6 +173,17 @@ class MultiHeadAttention(nn.Module):
         batch, _, length, _ = out.shape
         out = out.transpose(1, 2).reshape(batch, length, self.n_heads * self.d_v)
         return self.out_proj(out)
+
+    def keys_and_values(self, source: Tensor, cache: dict | None, self_attention: bool) -> tuple[Tensor, Tensor]:
+        if cache is not None and not self_attention and "k" in cache:
+            return cache["k"], cache["v"]  # the encoder's memory does not change while decoding
+        k = self.split_heads(self.k_proj(source), self.d_k)
+        v = self.split_heads(self.v_proj(source), self.d_v)
+        if cache is not None:
+            if self_attention and "k" in cache:
+                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            cache["k"], cache["v"] = k, v
+        return k, v
 
     def weigh(self, q: Tensor, k: Tensor, v: Tensor, tau, mask: Tensor | None, causal: bool, dropout_p: float):
         """The explicit path: logits = score / τ (soft-capped if asked) and their softmax, materialised."""

@@ -18,8 +18,8 @@ from attnlab.data.synthetic import BOS, EOS, PAD, SEP
 SPECIAL_TOKENS = ["[PAD]", "[BOS]", "[EOS]", "[SEP]"]  # ids 0..3, as in attnlab.data.synthetic
 assert list(range(len(SPECIAL_TOKENS))) == [PAD, BOS, EOS, SEP]
 
-# Keys that do not change what is prepared (batching, workers, how much BLEU to decode).
-NOT_DATA = ("batch_size", "eval_batch_size", "num_workers", "bleu_batches")
+# Keys that do not change what is prepared (batching, workers, how BLEU decodes).
+NOT_DATA = ("batch_size", "eval_batch_size", "max_tokens", "num_workers", "bleu")
 
 
 def fingerprint(cfg: DictConfig) -> str:

@@ -47,7 +47,7 @@ def collate_seq2seq(examples: list[dict]) -> dict:
     src = pad([ex["src"] for ex in examples], PAD)
     tgt_in = pad([[BOS, *ex["tgt"]] for ex in examples], PAD)
     tgt_out = pad([[*ex["tgt"], EOS] for ex in examples], IGNORE)
-    return {
+    batch = {
         "src": src,
         "src_mask": src != PAD,
         "tgt_in": tgt_in,
@@ -55,6 +55,9 @@ def collate_seq2seq(examples: list[dict]) -> dict:
         "tgt_mask": tgt_out != IGNORE,
         "n_tokens": sum(len(ex["src"]) + len(ex["tgt"]) + 1 for ex in examples),  # real ones, for perf/
     }
+    if "tgt_text" in examples[0]:  # a corpus's raw target sentences: the references BLEU scores against
+        batch["tgt_text"] = [ex["tgt_text"] for ex in examples]
+    return batch
 
 
 def collate_lm(examples: list[dict]) -> dict:
@@ -100,6 +103,67 @@ class StreamBatchSampler(Sampler[list[int]]):
             batch += 1
 
 
+def example_tokens(model_kind: str, src: list[int], tgt: list[int]) -> int:
+    """What one example adds to a padded batch: the longer side of a seq2seq pair (the target
+    with its BOS/EOS), or the whole LM sequence."""
+    return max(len(src), len(tgt) + 1) if model_kind == "transformer" else len(src) + len(tgt) + 1
+
+
+class TokenBatchSampler(StreamBatchSampler):
+    """Endless batches of about ``max_tokens`` tokens each (``data.max_tokens``), as in the paper
+    (§5.1: batches of ≈25k source and 25k target tokens) and fairseq.
+
+    Each pass shuffles the examples, sorts them by length (ties stay shuffled), cuts them into
+    batches whose padded size, examples × longest, is at most ``max_tokens``, and shuffles the
+    batches. Batch b is still a pure function of (seed, b): a resumed run continues the stream.
+    """
+
+    def __init__(
+        self, lengths: list[int], max_tokens: int, seed: int, start: int = 0, rank: int = 0, world_size: int = 1
+    ):
+        longest = max(lengths)
+        if longest * world_size > max_tokens:
+            raise ValueError(
+                f"data.max_tokens={max_tokens} cannot hold the longest training example ({longest} tokens) "
+                f"on each of {world_size} processes; raise data.max_tokens to at least {longest * world_size}"
+            )
+        self.lengths, self.max_tokens, self.seed, self.start = torch.tensor(lengths), max_tokens, seed, start
+        self.rank, self.world_size = rank, world_size
+        self.passes: dict[int, list[torch.Tensor]] = {}
+
+    def batches_of_pass(self, pass_number: int) -> list[torch.Tensor]:
+        if pass_number not in self.passes:
+            self.passes = {pass_number: self.cut(pass_number)}  # one pass kept at a time
+        return self.passes[pass_number]
+
+    def cut(self, pass_number: int) -> list[torch.Tensor]:
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + pass_number)
+        order = torch.randperm(len(self.lengths), generator=generator)
+        order = order[torch.argsort(self.lengths[order], stable=True)]
+        batches, first, longest = [], 0, 0
+        for position, length in enumerate(self.lengths[order].tolist()):
+            longest = max(longest, length)
+            if (position + 1 - first) * longest > self.max_tokens:
+                batches.append(order[first:position])
+                first, longest = position, length
+        batches.append(order[first:])
+        # A batch needs an example for every process.
+        batches = [batch for batch in batches if len(batch) >= self.world_size]
+        shuffle = torch.randperm(len(batches), generator=generator).tolist()
+        return [batches[i] for i in shuffle]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        pass_number, slot = 0, self.start
+        while slot >= len(self.batches_of_pass(pass_number)):  # where batch `start` lies
+            slot -= len(self.batches_of_pass(pass_number))
+            pass_number += 1
+        while True:
+            batches = self.batches_of_pass(pass_number)
+            for batch in batches[slot:]:
+                yield batch[self.rank :: self.world_size].tolist()
+            pass_number, slot = pass_number + 1, 0
+
+
 class SequenceData(L.LightningDataModule):
     """Serves a DatasetDict of (src, tgt) pairs to either model kind."""
 
@@ -112,10 +176,12 @@ class SequenceData(L.LightningDataModule):
         eval_batch_size: int | None = None,
         num_workers: int = 0,
         seed: int = 0,
+        max_tokens: int | None = None,
     ):
         super().__init__()
         self.splits, self.vocab, self.seed = splits, vocab, seed
-        self.collate = COLLATE[model_kind]
+        self.model_kind, self.collate = model_kind, COLLATE[model_kind]
+        self.max_tokens = max_tokens
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.num_workers = num_workers
 
@@ -125,8 +191,13 @@ class SequenceData(L.LightningDataModule):
         # how many were consumed.
         start = trainer.global_step * trainer.accumulate_grad_batches if trainer else 0
         rank, world = (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
-        sampler = StreamBatchSampler(len(self.splits["train"]), self.batch_size, self.seed, start, rank, world)
-        return self.loader(self.splits["train"], batch_sampler=sampler)
+        train = self.splits["train"]
+        if self.max_tokens:
+            lengths = [example_tokens(self.model_kind, *pair) for pair in zip(train["src"], train["tgt"], strict=True)]
+            sampler = TokenBatchSampler(lengths, self.max_tokens, self.seed, start, rank, world)
+        else:
+            sampler = StreamBatchSampler(len(train), self.batch_size, self.seed, start, rank, world)
+        return self.loader(train, batch_sampler=sampler)
 
     def eval_loader(self, split: str) -> DataLoader:
         dataset = self.splits[split]

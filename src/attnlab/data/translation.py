@@ -141,8 +141,8 @@ def prepare(cfg: DictConfig):
     tokenizer = train_tokenizer(texts, cfg.vocab_size)  # joint source+target vocabulary, as in the paper
 
     def encode(batch):
-        src = [encoding.ids[: cfg.max_tokens] for encoding in tokenizer.encode_batch(batch["src"])]
-        tgt = [encoding.ids[: cfg.max_tokens] for encoding in tokenizer.encode_batch(batch["tgt"])]
+        src = [encoding.ids[: cfg.max_length] for encoding in tokenizer.encode_batch(batch["src"])]
+        tgt = [encoding.ids[: cfg.max_length] for encoding in tokenizer.encode_batch(batch["tgt"])]
         return {"src": src, "tgt": tgt, "src_text": batch["src"], "tgt_text": batch["tgt"]}
 
     return splits.map(encode, batched=True, remove_columns=splits["train"].column_names), tokenizer

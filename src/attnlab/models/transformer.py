@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from attnlab.attention import AttentionConfig, MultiHeadAttention
 from attnlab.attention.multihead import default_d_k
 from attnlab.checks import positive_int, probability
+from attnlab.decoding import beam_search, greedy
 from attnlab.perf import flop_shape, step_flops
 
 
@@ -74,12 +75,13 @@ class Embedding(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.add_positions = cfg.positions == "sinusoidal"
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        length = tokens.shape[1]
-        if length > self.positions.shape[0]:
-            raise ValueError(f"sequence length {length} exceeds model.max_len={self.positions.shape[0]}")
+    def forward(self, tokens: Tensor, start: int = 0) -> Tensor:
+        """tokens at positions start, start + 1, … (start > 0 when decoding one token at a time)."""
+        end = start + tokens.shape[1]
+        if end > self.positions.shape[0]:
+            raise ValueError(f"sequence length {end} exceeds model.max_len={self.positions.shape[0]}")
         embedded = self.tokens(tokens) * self.scale
-        return self.dropout(embedded + self.positions[:length] if self.add_positions else embedded)
+        return self.dropout(embedded + self.positions[start:end] if self.add_positions else embedded)
 
 
 class FeedForward(nn.Sequential):
@@ -119,14 +121,19 @@ class Block(nn.Module):
         causal: bool = False,
         memory: Tensor | None = None,
         memory_mask: Tensor | None = None,
+        cache: dict | None = None,
     ) -> Tensor:
-        """mask / memory_mask: (B, n) / (B, m) bool, True = real token."""
-        self_attn = partial(self.self_attn, key_mask=mask, causal=causal)
+        """mask / memory_mask: (B, n) / (B, m) bool, True = real token. cache: {"self": {}, "cross": {}}
+        when decoding one token at a time (see MultiHeadAttention)."""
+        cache = cache or {}
+        self_attn = partial(self.self_attn, key_mask=mask, causal=causal, cache=cache.get("self"))
         x = self.residual(x, self.norms[0], self_attn)
         if self.cross_attn is not None:
             # A padded query attends to nothing (output 0), so probes can tell it is padding.
             padded_queries = None if mask is None else mask[:, None, :, None]
-            cross_attn = partial(self.cross_attn, source=memory, key_mask=memory_mask, attn_mask=padded_queries)
+            cross_attn = partial(
+                self.cross_attn, source=memory, key_mask=memory_mask, attn_mask=padded_queries, cache=cache.get("cross")
+            )
             x = self.residual(x, self.norms[1], cross_attn)
         return self.residual(x, self.norms[-1], self.ffn)
 
@@ -139,9 +146,9 @@ class Stack(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, prefix, layer, cross) for layer in range(cfg.n_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_norm else nn.Identity()
 
-    def forward(self, x: Tensor, **kwargs) -> Tensor:
-        for layer in self.layers:
-            x = layer(x, **kwargs)
+    def forward(self, x: Tensor, caches: list[dict] | None = None, **kwargs) -> Tensor:
+        for layer, cache in zip(self.layers, caches or [None] * len(self.layers), strict=True):
+            x = layer(x, cache=cache, **kwargs)
         return self.final_norm(x)
 
 
@@ -192,19 +199,46 @@ class Transformer(nn.Module):
         return step_flops(self, size * (m + n), per_layer)
 
     @torch.no_grad()
-    def greedy_decode(self, src: Tensor, bos: int, eos: int, max_len: int, src_mask: Tensor | None = None):
-        """Greedy decoding; returns (B, ≤ max_len) ids without BOS, padded with eos after it."""
+    def generate(
+        self,
+        src: Tensor,
+        src_mask: Tensor | None,
+        bos: int,
+        eos: int,
+        beam: int = 1,
+        alpha: float = 0.6,
+        extra_length: int = 50,
+    ) -> Tensor:
+        """Translations of ``src``: greedy (beam = 1) or beam search with GNMT's length penalty α,
+        at most (input length + ``extra_length``) tokens each (§6.1). Returns (B, L) ids
+        without BOS, EOS-padded after each sentence's end."""
+        if src_mask is None:
+            src_mask = torch.ones_like(src, dtype=torch.bool)
+        max_lengths = (src_mask.sum(1) + extra_length).clamp(max=self.cfg.max_len - 1)
         memory = self.encode(src, src_mask)
-        out = torch.full((src.shape[0], 1), bos, dtype=torch.long, device=src.device)
-        done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
-        for _ in range(max_len):
-            next_token = self.decode(out, memory, src_mask)[:, -1].argmax(-1)
-            next_token = next_token.masked_fill(done, eos)
-            out = torch.cat([out, next_token[:, None]], dim=1)
-            done |= next_token == eos
-            if done.all():
-                break
-        return out[:, 1:]
+        if beam > 1:  # each sentence's memory once per hypothesis, sentence-major
+            memory, src_mask = memory.repeat_interleave(beam, 0), src_mask.repeat_interleave(beam, 0)
+        next_log_probs = self.next_token_scorer(memory, src_mask)
+        if beam == 1:
+            return greedy(next_log_probs, bos, eos, max_lengths)
+        return beam_search(next_log_probs, bos, eos, max_lengths, beam, alpha)[0]
+
+    def next_token_scorer(self, memory: Tensor, src_mask: Tensor | None):
+        """``next_log_probs(tokens, order)`` for attnlab.decoding: the decoder keeps every layer's
+        keys and values, so each call runs the newest position only."""
+        caches = [{"self": {}, "cross": {}} for _ in self.decoder.layers]
+
+        def next_log_probs(tokens: Tensor, order: Tensor | None) -> Tensor:
+            if order is not None:  # beam search moved hypotheses: their past keys move with them
+                for cache in caches:  # (cross-attention's memory is the same for a sentence's hypotheses)
+                    cache["self"] = {name: cached.index_select(0, order) for name, cached in cache["self"].items()}
+            position = tokens.shape[1] - 1
+            hidden = self.decoder(
+                self.embed(tokens[:, -1:], start=position), memory=memory, memory_mask=src_mask, caches=caches
+            )
+            return self.head(hidden[:, -1]).log_softmax(-1)
+
+        return next_log_probs
 
 
 class DecoderLM(nn.Module):
