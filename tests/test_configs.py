@@ -32,6 +32,8 @@ SWEEPS = {
     "lr_sensitivity": ({"attention.scale", "optim.lr", "seed"}, 56),
     "scale_ablation": ({"attention.scale"}, 4),
     "scale_quick": ({"attention.scale"}, 4),
+    "table3_cpu": ({"table3", "seed"}, 20),
+    "vaswani_base": (set(), 1),  # one run, on a GPU cluster
 }
 
 

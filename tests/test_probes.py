@@ -17,7 +17,7 @@ from attnlab.probes.maps import crop, draw
 from attnlab.probes.statistics import records_statistics
 from attnlab.runs import read_metrics
 from attnlab.task import SequenceTask
-from helpers import compose_run, run_train, wandb_run_files
+from helpers import cli, compose_run, run_train, wandb_run_files
 
 # --- entropy on hand-built weights -------------------------------------------------------
 
@@ -142,11 +142,13 @@ def test_logged_gradient_probes_equal_autograd_on_the_same_batch(tmp_path):
     causal = torch.ones(length, length, dtype=torch.bool).tril()
     visible = (causal & real[:, None, :, None] & real[:, None, None, :]).expand_as(grads[0])
 
+    # rows that see one key (the first causal query) are left out of all but the logit statistics
+    counted = visible & (visible.sum(-1, keepdim=True) > 1)
     for layer, record, grad in zip(layers, records, grads, strict=True):
-        rms = grad[visible].square().mean().sqrt().item()
+        rms = grad[counted].square().mean().sqrt().item()
         assert logged[f"grad/logits/{layer.name}"] == pytest.approx(rms, rel=1e-4)
         weights = record.weights.detach()
-        jacobian = (weights * (1 - weights)).sum(-1)[visible.any(-1)].mean().item()
+        jacobian = (weights * (1 - weights)).sum(-1)[counted.any(-1)].mean().item()
         assert logged[f"grad/softmax_jac/{layer.name}"] == pytest.approx(jacobian, rel=1e-4)
     for name, param in task.model.named_parameters():
         key = f"grad/norm/{name.removesuffix('.weight')}"
@@ -288,3 +290,57 @@ def test_learned_run_logs_every_probe_family_for_every_layer_to_wandb(tmp_path):
     assert sorted(path.name for path in (tmp_path / "attention_maps").glob("*.png")) == [
         f"step_{step:06d}.png" for step in probe_steps
     ]
+
+
+def test_rows_that_see_one_key_are_left_out_of_saturation_entropy_and_gradients():
+    """Causal self-attention's first query sees one key: weight 1 whatever the logits. Counted,
+    it would read as saturated with entropy 0, Σa(1−a) = 0 and no gradient."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 5, 5, requires_grad=True)  # (B, h, n, m), all rows causal
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    weights = logits.masked_fill(~causal, float("-inf")).softmax(-1)
+    (weights * torch.randn_like(weights)).sum().backward()
+    stats = layer_statistics(weights.detach(), logits.detach(), logits.grad, causal[None, None])
+    many = weights.detach()[..., 1:, :]  # rows 1–4 see 2–5 keys
+    entropy = -torch.special.xlogy(many, many).sum(-1)
+    assert stats["entropy"] == pytest.approx(entropy.mean().item(), rel=1e-5)
+    assert stats["saturation"] == pytest.approx((many.amax(-1) > 0.99).float().mean().item())
+    assert stats["softmax_jac"] == pytest.approx((many * (1 - many)).sum(-1).mean().item(), rel=1e-5)
+    grad = logits.grad[..., 1:, :][causal[1:].expand_as(many)]
+    assert stats["grad_logits"] == pytest.approx(grad.square().mean().sqrt().item(), rel=1e-5)
+    # the logit statistics keep every visible entry, the first row's included
+    assert stats["logit_std"] == pytest.approx(
+        logits.detach()[causal.expand_as(logits)].std(unbiased=False).item(), rel=1e-4
+    )
+    # a row with its one key certain is not saturation: all-first-row input reads 0, not 1
+    only_first = layer_statistics(
+        weights.detach()[..., :1, :], logits.detach()[..., :1, :], None, causal[None, None, :1]
+    )
+    assert only_first["saturation"] == 0 and only_first["entropy"] == 0
+
+
+@pytest.mark.slow  # ≈60 s each: a 2-process DDP run beside a single-process one
+@pytest.mark.parametrize("lengths", ["equal", "varied"])
+def test_ddp_probe_values_equal_one_process_on_the_same_global_batch(tmp_path, lengths):
+    """trainer=ddp_cpu: each rank sees half of the batch. Its statistics are combined by row
+    counts and its gradient at the logits is that of the whole batch's loss, so the logged
+    values are those of one process on the whole batch. With varied lengths the ranks hold
+    different numbers of rows (unweighted means would differ), and DDP's mean of per-rank
+    losses is no longer the whole batch's loss, so only the attention statistics compare."""
+    min_len = 8 if lengths == "equal" else 2
+    overrides = ["model=lm", "data=copy", f"data.min_len={min_len}", "data.max_len=8", "data.batch_size=16",
+                 "model.dropout=0.0", "callbacks.probes.every_n_steps=1", "trainer.max_steps=1",
+                 "trainer.val_check_interval=1", "test=false", "logger=csv", "trainer.enable_progress_bar=false",
+                 "data.train_size=256", "data.val_size=16", "data.test_size=16"]  # fmt: skip
+    logged = {}
+    for trainer in ("cpu", "ddp_cpu"):
+        run_dir = tmp_path / trainer
+        result = cli("attnlab-train", f"trainer={trainer}", f"hydra.run.dir={run_dir}", *overrides, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        logged[trainer] = {k: v for row in read_metrics(run_dir) if row["step"] == 0 for k, v in row.items()}
+    compared = ("attn/", "grad/softmax_jac") + (("grad/logits",) if lengths == "equal" else ())
+    probed = [key for key in logged["cpu"] if key.startswith(compared)]
+    assert {"attn/saturation/L0", "attn/entropy/L0.H0", "grad/softmax_jac/L0"} <= set(probed)
+    assert lengths == "varied" or {"grad/logits/L0", "grad/logits_row_median/L0"} <= set(probed)
+    for key in probed:
+        assert logged["ddp_cpu"][key] == pytest.approx(logged["cpu"][key], rel=1e-4, abs=1e-7), key

@@ -16,20 +16,24 @@ attnlab.models (``L0``; ``enc.L0``, ``dec.self.L0``, ``dec.cross.L0``):
 On a probe step the attention layers take the explicit path and record their logits;
 the values are read after the real training backward, before the optimizer step (after
 unscaling under mixed precision). Every other step takes the fast path and pays
-nothing. Under DDP each rank measures its own batch and the values are averaged over
-ranks (maxima: the max).
+nothing. Under DDP each rank measures its own share of the batch and the attention
+statistics are combined exactly (sums over rows added, maxima taken, row norms gathered):
+they equal one process's values on the whole global batch. The others are averaged over ranks.
 """
 
 from __future__ import annotations
 
+import math
+
 import lightning as L
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attnlab.attention import MultiHeadAttention
 from attnlab.models import attention_layers
 from attnlab.probes.record import AttentionRecord, start_recording, stop_recording
-from attnlab.probes.statistics import records_statistics
+from attnlab.probes.statistics import SUMS, finish, records_sums
 
 
 def log_step_metrics(trainer: L.Trainer, metrics: dict, reduce_op: str = "mean") -> None:
@@ -46,6 +50,31 @@ def log_step_metrics(trainer: L.Trainer, metrics: dict, reduce_op: str = "mean")
         row = dict(zip(metrics, values.tolist(), strict=True))
         for logger in trainer.loggers:
             logger.log_metrics(row, step=trainer.global_step)
+
+
+def combine_ranks(strategy, found: list[dict]) -> list[dict]:
+    """Every rank's ``layer_sums`` combined, in three collectives: sums added, maxima taken,
+    the rows' gradient norms gathered (NaN-padded to a common length; the median skips NaN)."""
+    sizes = [[found_layer[key].numel() for key in SUMS] for found_layer in found]
+    flat = torch.cat([found_layer[key].reshape(-1) for found_layer in found for key in SUMS])
+    flat = strategy.reduce(flat, reduce_op="sum").split([n for layer in sizes for n in layer])
+    maxima = strategy.reduce(torch.stack([found_layer["logit_max"] for found_layer in found]), reduce_op="max")
+    combined = []
+    for index, found_layer in enumerate(found):
+        parts = flat[index * len(SUMS) : (index + 1) * len(SUMS)]
+        layer = {key: part.view_as(found_layer[key]) for key, part in zip(SUMS, parts, strict=True)}
+        combined.append({**layer, "logit_max": maxima[index]})
+    if "row_grad_norms" in found[0]:
+        norms = [found_layer["row_grad_norms"] for found_layer in found]
+        lengths = strategy.all_gather(torch.tensor([len(n) for n in norms], device=norms[0].device))  # (W, layers)
+        longest = lengths.amax(dim=0).tolist()
+        padded = torch.cat(
+            [F.pad(n, (0, size - len(n)), value=math.nan) for n, size in zip(norms, longest, strict=True)]
+        )
+        gathered = strategy.all_gather(padded)  # (W, Σ longest)
+        for layer, part in zip(combined, gathered.split(longest, dim=1), strict=True):
+            layer["row_grad_norms"] = part.reshape(-1)
+    return combined
 
 
 class Probe(L.Callback):
@@ -103,7 +132,7 @@ class AttentionProbe(Probe):
         if not self.records:
             return
         means, maxima = {}, {}
-        for layer, stats in self.statistics():
+        for layer, stats in self.statistics(trainer):
             name = layer.name
             means[f"attn/entropy/{name}"] = stats["entropy"]
             for head, value in enumerate(stats["entropy_per_head"]):
@@ -120,11 +149,19 @@ class AttentionProbe(Probe):
         log_step_metrics(trainer, maxima, reduce_op="max")
         self.release()
 
-    def statistics(self) -> list[tuple[MultiHeadAttention, dict]]:
-        """(layer, its statistics) for every layer this step called, in model order."""
+    def statistics(self, trainer: L.Trainer) -> list[tuple[MultiHeadAttention, dict]]:
+        """(layer, its statistics) for every layer this step called, in model order.
+
+        Under DDP each rank's loss is the mean over its own share of the batch, so its
+        gradient at the logits is world_size × that of the whole batch's loss: it is scaled
+        back. The ranks' sums are added (rows weigh the same wherever they ran), maxima taken,
+        and the rows' gradient norms gathered for the median: the values of one process on the
+        whole global batch."""
         called = [(layer, record) for layer, record in zip(self.layers, self.records, strict=True) if record.filled]
-        measured = records_statistics([record for _, record in called], self.chunk_size)
-        return [(layer, stats) for (layer, _), stats in zip(called, measured, strict=True)]
+        found = records_sums([record for _, record in called], self.chunk_size, grad_scale=1 / trainer.world_size)
+        if trainer.world_size > 1:
+            found = combine_ranks(trainer.strategy, found)
+        return [(layer, finish(sums)) for (layer, _), sums in zip(called, found, strict=True)]
 
     def release(self) -> None:
         stop_recording(self.layers)

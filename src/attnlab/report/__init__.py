@@ -13,11 +13,13 @@ Python: ``load(paths)`` gives the runs and groups the notebooks plot.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnlab.report.claims import claims_table, evaluate, load_claims
 from attnlab.report.coord import coord_figure, coord_table
 from attnlab.report.figures import all_figures
 from attnlab.report.lengths import lengths_figure, lengths_table
@@ -79,6 +81,17 @@ def final_metrics_table(report: Report) -> list[str]:
     return lines
 
 
+def paper_row(config: dict) -> tuple:
+    """The row of Vaswani et al. Table 3 with this run's shape relative to d_model (the paper's is
+    512: d_model = 128, h = 8, d_k = 16 is its base), for τ = √d_k; ("–", "–", "–") otherwise."""
+    if config.get("attention.scale") != "sqrt_dk" or config.get("attention.variant", "dot") != "dot":
+        return "–", "–", "–"
+    heads, d_k = config["model.n_heads"], d_k_of(config)
+    d_v = config.get("model.d_v") or d_k
+    factor = 512 / config["model.d_model"]
+    return VASWANI_TABLE_3.get((heads, d_k * factor, d_v * factor), ("–", "–", "–"))
+
+
 def vaswani_table(report: Report) -> list[str]:
     """Our heads / d_k sweep in the layout of Vaswani et al. Table 3, the paper's numbers beside."""
     if not {"model.n_heads", "model.d_k", "model.d_v"} & set(report.axes):
@@ -88,21 +101,41 @@ def vaswani_table(report: Report) -> list[str]:
         "",
         "**Different setting**: the paper trains the base model on WMT14 EN→DE for 100K steps and "
         "reports newstest2013 dev perplexity (per word piece) and BLEU; ours is the scaled-down "
-        "configuration of these runs. Compare directions, not values.",
+        "configuration of these runs. A paper row is matched by shape relative to d_model (its d_model is "
+        "512). Compare directions, not values.",
         "",
     ]
     others = [key for key in report.axes if key not in ("seed", "model.n_heads", "model.d_k", "model.d_v")]
-    header = [*others, "h", "d_k", "d_v", "n", "our val/ppl", "our val/bleu", "paper row", "paper PPL", "paper BLEU"]
+    header = [*others, "h", "d_k", "d_v", "n", "our val/ppl", "our val/bleu", "our test/bleu", "paper row",
+              "paper PPL", "paper BLEU"]  # fmt: skip
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for group in report.groups:
         config = group.runs[0].config
         heads, d_k = config["model.n_heads"], d_k_of(config)
         d_v = config.get("model.d_v") or d_k
-        row, ppl, bleu = VASWANI_TABLE_3.get((heads, d_k, d_v), ("–", "–", "–"))
+        row, ppl, bleu = paper_row(config)
         values = [*(str(group.settings[key]) for key in others), str(heads), str(d_k), str(d_v)]
         values += [str(len(group.runs)), cell(group.mean_std("val/ppl")), cell(group.mean_std("val/bleu"), 1)]
+        values.append(cell(group.mean_std("test/bleu"), 1))
         lines.append("| " + " | ".join([*values, row, str(ppl), str(bleu)]) + " |")
-    return [*lines, ""]
+    return [*lines, "", *bleu_signatures(report), ""]
+
+
+def bleu_signatures(report: Report) -> list[str]:
+    """How BLEU was computed (sacrebleu's signature, the decoder, the sentences), from each run's bleu.json."""
+    seen = sorted({(split, record["signature"], record["decoder"], record["sentences"])
+                   for run in report.runs for split, record in run.bleu.items()})  # fmt: skip
+    return [f"- {split}/bleu: sacrebleu `{signature}`, {decoder}, {sentences} sentences"
+            for split, signature, decoder, sentences in seen]  # fmt: skip
+
+
+def claims_section(report: Report, claims_file: str | None, out: Path) -> list[str]:
+    """The claims of ``claims_file`` with their verdicts on these runs; claims.json beside report.md."""
+    if not claims_file:
+        return []
+    outcomes = [evaluate(claim, report.runs) for claim in load_claims(claims_file)]
+    (out / "claims.json").write_text(json.dumps([outcome.record() for outcome in outcomes], indent=1) + "\n")
+    return ["## Claims", "", f"From `{claims_file}`.", "", *claims_table(outcomes), ""]
 
 
 def attention_maps(report: Report, out: Path) -> list[str]:
@@ -130,8 +163,9 @@ def attention_maps(report: Report, out: Path) -> list[str]:
             "| configuration | first probe step | last probe step |", "|---|---|---|", *rows, ""]  # fmt: skip
 
 
-def write_report(report: Report, out: Path, sources: list[str]) -> Path:
+def write_report(report: Report, out: Path, sources: list[str], claims_file: str | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
+    claims = claims_section(report, claims_file, out)
     figures = all_figures(report.groups, out) if report.groups else []
     extra = [coord_figure(report.runs, out), lr_figure(report.runs, report.axes, out)]
     extra.append(lengths_figure(report.groups, out))
@@ -145,6 +179,7 @@ def write_report(report: Report, out: Path, sources: list[str]) -> Path:
         f"varying: {', '.join(f'`{key}`' for key in report.axes) or 'nothing'}; "
         "values are the last logged, mean ± std over seeds (n = finished runs).",
         "",
+        *claims,
         "## Final metrics",
         "",
         *final_metrics_table(report),
@@ -178,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-data", metavar="DIR",
                         help="also copy what the report reads of each run (config, run.json, metrics CSV; "
                         "no checkpoints) into DIR: `attnlab-report DIR/<name>` rebuilds the report")  # fmt: skip
+    parser.add_argument("--claims", metavar="FILE",
+                        help="a claims.yaml: evaluate each published claim on the runs (effect, 95%% interval, "
+                        "held / contradicted / inconclusive), in report.md and claims.json")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         if args.wandb:
@@ -190,13 +228,13 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error("give at least one run or sweep dir (or --wandb ENTITY/PROJECT)")
             report, sources = load(args.paths), args.paths
             out = Path(args.out) if args.out else Path(args.paths[0]) / "report"
+        if args.save_data and not args.wandb:
+            copied = save_data(args.paths, Path(args.save_data))
+            print(f"data of {copied} runs: {args.save_data}")
+        path = write_report(report, out, sources, args.claims)
     except ReportError as error:
         print(f"attnlab-report: {error}", file=sys.stderr)
         return 2
-    if args.save_data and not args.wandb:
-        copied = save_data(args.paths, Path(args.save_data))
-        print(f"data of {copied} runs: {args.save_data}")
-    path = write_report(report, out, sources)
     print(f"report: {path}")
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import shutil
 import statistics
@@ -31,6 +32,7 @@ class Run:
     status: str = "finished"  # finished | unfinished | diverged | failed | missing
     problem: str = ""
     wall_s: float | None = None
+    bleu: dict = field(default_factory=dict)  # bleu.json: {split: {score, signature, decoder, sentences}}
 
     def series(self, key: str) -> tuple[list[float], list[float]]:
         return series(self.rows, key)
@@ -63,6 +65,8 @@ def load_run(run_dir: Path) -> Run:
     config = flatten(read_config(run_dir))
     rows = read_metrics(run_dir)
     run = Run(name=str(run_dir), config=config, rows=rows)
+    if (run_dir / "bleu.json").is_file():
+        run.bleu = json.loads((run_dir / "bleu.json").read_text())
     record = read_run_file(run_dir)
     metrics_files = sorted((run_dir / "csv").glob("version_*/metrics.csv"))
     if record.get("started") and record.get("ended"):  # survives copying the run's files elsewhere
@@ -158,7 +162,7 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
 
 def save_data(paths: list[str | Path], dest: Path) -> int:
     """Copy what a report reads of every run under ``paths`` into ``dest``, in the same layout:
-    config.yaml, run.json, csv/version_*/metrics.csv, the first and last attention map, each
+    config.yaml, run.json, bleu.json, csv/version_*/metrics.csv, the first and last attention map, each
     sweep's multirun.yaml (and an Optuna study's optimization_results.yaml); no checkpoints, no
     W&B files. ``attnlab-report dest`` then rebuilds the same report. Returns the runs copied."""
     copied = 0
@@ -171,7 +175,8 @@ def save_data(paths: list[str | Path], dest: Path) -> int:
                     (target / sweep.relative_to(path)).mkdir(parents=True, exist_ok=True)
                     shutil.copy2(sweep / name, target / sweep.relative_to(path) / name)
         for run_dir in run_dirs_under(path):
-            files = [run_dir / "config.yaml", run_dir / "run.json", *(run_dir / "csv").glob("version_*/metrics.csv")]
+            files = [run_dir / name for name in ("config.yaml", "run.json", "bleu.json")]
+            files += (run_dir / "csv").glob("version_*/metrics.csv")
             maps = sorted((run_dir / MAPS_DIR).glob("step_*.png"))
             files += maps[:1] + maps[-1:] if len(maps) > 1 else maps  # the first and the last, as the report shows
             for file in files:
