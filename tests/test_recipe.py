@@ -141,3 +141,16 @@ def test_token_batches_hold_at_most_max_tokens_and_cover_a_pass():
 def test_a_max_tokens_too_small_for_the_longest_example_is_refused():
     with pytest.raises(ValueError, match=r"data.max_tokens=10 .* longest training example \(12 tokens\)"):
         TokenBatchSampler([5, 12, 3], max_tokens=10, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [("data.bleu.val=sometimes", r"data.bleu.val='sometimes' is not valid; accepted values: greedy, beam, off"),
+     ("data.bleu.beam=0", r"data.bleu.beam=0 is not valid")],
+)  # fmt: skip
+def test_bad_bleu_settings_are_refused_before_anything_is_written(tmp_path, override, expected):
+    from attnlab.config import ConfigError
+
+    with pytest.raises(ConfigError, match=expected):
+        run_train(tmp_path / "run", "data=translation", override, fast_data=False)
+    assert not (tmp_path / "run").exists()

@@ -370,6 +370,8 @@ BAD_CONFIGS = [
     ("trainer=gpu", r"trainer.accelerator='gpu' but torch sees no CUDA GPU.*trainer=cpu"),
     ("model.compile_mode=fast", r"model.compile_mode='fast' is not valid; accepted values: default, reduce-overhead"),
     ("model.compile=maybe", r"model.compile"),
+    ("data.max_tokens=0", r"data.max_tokens=0 is not valid"),
+    ("callbacks.average.last_k=0", r"callbacks.average.last_k=0 is not valid"),
 ]
 CLI_CASES = ("model.d_k=16.5", "+model.nheads=4", "trainer=gpu")
 
