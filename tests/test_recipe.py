@@ -154,3 +154,30 @@ def test_bad_bleu_settings_are_refused_before_anything_is_written(tmp_path, over
     with pytest.raises(ConfigError, match=expected):
         run_train(tmp_path / "run", "data=translation", override, fast_data=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_translation_run_saved_before_data_bleu_resumes(tmp_path):
+    """A run dir whose config.yaml predates data.bleu, data.max_length (then data.max_tokens)
+    and callbacks.average resumes, and its test now scores whole splits."""
+    import yaml
+
+    from attnlab.rundir import read_run_file
+    from helpers import cli
+
+    run = tmp_path / "run"
+    overrides = [*tiny_translation(tmp_path), "logger=csv", "trainer.max_steps=4", "trainer.val_check_interval=2",
+                 "trainer.enable_progress_bar=false", "callbacks.checkpoint_every_n_steps=2"]  # fmt: skip
+    result = cli("attnlab-train", f"hydra.run.dir={run}", "data=translation", *overrides, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    data = config["data"]
+    data["max_tokens"] = data.pop("max_length")  # the old names and keys
+    data.pop("bleu")
+    data["bleu_batches"] = 2
+    config["callbacks"].pop("average")
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    (run / "bleu.json").unlink()
+    result = cli("attnlab-train", f"resume={run}", "trainer.max_steps=6", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_run_file(run)["status"] == "finished"
+    assert set(json.loads((run / "bleu.json").read_text())) == {"val", "test"}

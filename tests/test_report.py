@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+from pathlib import Path
 
 import matplotlib.image
 import nbformat
@@ -198,3 +199,19 @@ def test_notebooks_are_stored_clean_and_run(name, sweep, monkeypatch):
                    env=dict(os.environ)).execute()  # fmt: skip
     errors = [out for cell in notebook.cells for out in cell.get("outputs", []) if out.output_type == "error"]
     assert not errors
+
+
+COMMITTED = sorted(path.name for path in (ROOT / "experiments").iterdir() if (path / "data" / path.name).is_dir())
+
+
+@pytest.mark.parametrize("name", COMMITTED)
+def test_committed_experiment_reports_rebuild_from_their_data(name, tmp_path, monkeypatch, capsys):
+    """Each experiments/<name>/report.md (and claims.json) is what attnlab-report makes of the
+    committed data/<name>/ (with claims.yaml where there is one): byte for byte."""
+    folder = Path("experiments") / name
+    monkeypatch.chdir(ROOT)  # the report names its source as given, relative to the repository
+    claims = ["--claims", str(folder / "claims.yaml")] if (ROOT / folder / "claims.yaml").exists() else []
+    assert main([str(folder / "data" / name), "--out", str(tmp_path), *claims]) == 0
+    for made in ("report.md", "claims.json"):
+        if (tmp_path / made).exists() or (ROOT / folder / made).exists():
+            assert (tmp_path / made).read_text() == (ROOT / folder / made).read_text(), f"{folder / made} is stale"

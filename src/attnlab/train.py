@@ -89,6 +89,8 @@ def resumed_config(cfg: DictConfig, resume: str, overrides) -> DictConfig:
         resumed.data.pop("bleu_batches")
         resumed.data.bleu = OmegaConf.load(Path(CONF_DIR) / "data" / "translation.yaml").bleu
         resumed.data.max_length = resumed.data.pop("max_tokens")
+    if "average" not in resumed.callbacks:  # saved before checkpoint averaging
+        resumed.callbacks.average = {"last_k": None, "every_n_steps": 1000}
     resumed.resume = str(run_dir)
     resumed.run_dir = str(run_dir.resolve())  # here, wherever the run first lived
     for key in set(override_keys(overrides)) & set(ON_RESUME):

@@ -44,7 +44,7 @@ def build_data(cfg: DictConfig, model_kind: str, seed: int, cache_dir: Path) -> 
     splits, vocab = DATASETS[cfg.name](cfg, seed, cache_dir)
     check_sizes(splits, cfg)
     return SequenceData(
-        splits, vocab, model_kind, cfg.batch_size, cfg.get("eval_batch_size"), cfg.num_workers, seed, cfg.max_tokens
+        splits, vocab, model_kind, cfg.batch_size, cfg.get("eval_batch_size"), cfg.num_workers, seed, cfg.get("max_tokens")
     )
 
 
@@ -53,7 +53,7 @@ def check_sizes(splits, cfg: DictConfig) -> None:
     for split, rows in splits.items():
         if len(rows) == 0:
             raise ValueError(f"data={cfg.name}: the {split} split is empty after preparation; give it more data")
-    if not cfg.max_tokens and len(splits["train"]) < cfg.batch_size:
+    if not cfg.get("max_tokens") and len(splits["train"]) < cfg.batch_size:
         raise ValueError(
             f"data.batch_size={cfg.batch_size} exceeds the {len(splits['train'])} training examples of "
             f"data={cfg.name}; lower data.batch_size or give more data"

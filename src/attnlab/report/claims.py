@@ -170,8 +170,8 @@ def describe(selection: dict) -> str:
 def spread(found: list[float]) -> str:
     if not found:
         return "no runs"
-    std = f" ± {statistics.stdev(found):.2f}" if len(found) > 1 else ""
-    return f"{statistics.mean(found):.2f}{std} (n={len(found)})"
+    std = f" ± {statistics.stdev(found):.3g}" if len(found) > 1 else ""
+    return f"{statistics.mean(found):.3g}{std} (n={len(found)})"
 
 
 def claims_table(outcomes: list[Outcome]) -> list[str]:
@@ -179,16 +179,16 @@ def claims_table(outcomes: list[Outcome]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for outcome in outcomes:
         claim = outcome.claim
-        gain = "–" if outcome.gain is None else f"{outcome.gain:+.2f}"
+        gain = "–" if outcome.gain is None else f"{outcome.gain:+.3g}"
         if outcome.low is not None:
-            gain += f" [{outcome.low:+.2f}, {outcome.high:+.2f}]"
+            gain += f" [{outcome.low:+.3g}, {outcome.high:+.3g}]"
         cells = [
-            f"{claim.text} ({claim.source})" if claim.source else claim.text,
+            f"{claim.text} — {claim.source}" if claim.source else claim.text,
             claim.published or "–",
             f"{describe(claim.runs)}: {claim.metric} {spread(outcome.ours)}",
             f"{describe(outcome.comparison)}: {spread(outcome.theirs)}",
             gain,
-            f"{claim.threshold:+g}",
+            f"{claim.threshold:+g}" if claim.threshold else "0",
             f"**{outcome.verdict}**",
         ]
         lines.append("| " + " | ".join(cells) + " |")
