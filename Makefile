@@ -18,7 +18,7 @@ export WANDB_DATA_DIR := $(ATTNLAB_CACHE)/wandb-data
 export MPLCONFIGDIR := $(ATTNLAB_CACHE)/matplotlib
 export TORCHINDUCTOR_CACHE_DIR := $(ATTNLAB_CACHE)/inductor
 
-.PHONY: install demo test test-slow lint bench corpus slurm-packages clean
+.PHONY: install demo test test-slow lint bench reports corpus slurm-packages clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -49,6 +49,15 @@ lint: install
 
 bench: install
 	$(PY) benchmarks/attention_speed.py
+
+# Rebuild every experiments/<name>/report.md, figures and claims.json from the committed
+# data/<name>/ runs (with claims.yaml where there is one).
+reports: install
+	for data in experiments/*/data/*; do \
+	  folder=$${data%/data/*}; claims=; \
+	  if [ -f $$folder/claims.yaml ]; then claims="--claims $$folder/claims.yaml"; fi; \
+	  $(VENV)/bin/attnlab-report $$data --out $$folder $$claims || exit 1; \
+	done
 
 # The offline English–Spanish corpus (data=translation): two public-domain Bibles that
 # Debian ships as SWORD modules, unpacked into the project cache.

@@ -106,6 +106,7 @@ def test_vaswani_schedule_is_the_papers_formula():
     seen = {}
     for step in range(1, 16_001):  # optimizer step `step` uses the lr set before it
         seen[step] = optimizer.param_groups[0]["lr"]
+        optimizer.step()  # no gradients: nothing moves, the schedule advances as in training
         schedule.step()
     for step in (1, 4000, 16_000):
         assert seen[step] == pytest.approx(paper(step), rel=1e-12)

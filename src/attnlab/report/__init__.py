@@ -48,7 +48,7 @@ VASWANI_TABLE_3 = {
     (8, 16, 64): ("(B)", 5.16, 25.1),
     (8, 32, 64): ("(B)", 5.01, 25.4),
 }
-COLUMNS = ["val/loss", "val/ppl", "val/acc", "val/seq_acc", "val/bleu", "test/loss"]
+COLUMNS = ["val/loss", "val/ppl", "val/acc", "val/seq_acc", "val/bleu", "test/loss", "test/bleu"]
 
 
 @dataclass
