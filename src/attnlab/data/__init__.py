@@ -44,8 +44,9 @@ def build_data(cfg: DictConfig, model_kind: str, seed: int, cache_dir: Path) -> 
     splits, vocab = DATASETS[cfg.name](cfg, seed, cache_dir)
     check_sizes(splits, cfg)
     return SequenceData(
-        splits, vocab, model_kind, cfg.batch_size, cfg.get("eval_batch_size"), cfg.num_workers, seed, cfg.get("max_tokens")
-    )
+        splits, vocab, model_kind, cfg.batch_size, eval_batch_size=cfg.get("eval_batch_size"),
+        num_workers=cfg.num_workers, seed=seed, max_tokens=cfg.get("max_tokens"),
+    )  # fmt: skip
 
 
 def check_sizes(splits, cfg: DictConfig) -> None:
