@@ -6,7 +6,7 @@ import pytest
 from scipy import stats
 
 from attnlab.report import main as report_main
-from attnlab.report.claims import evaluate, load_claims, welch_interval
+from attnlab.report.claims import check_names, evaluate, load_claims, welch_interval
 from attnlab.report.runs import ReportError, Run
 
 
@@ -84,6 +84,22 @@ def test_malformed_claims_are_refused_with_the_fix(tmp_path):
         load_claims(claim_file(tmp_path, worse=1))
     with pytest.raises(ReportError, match="no such file"):
         load_claims(tmp_path / "missing.yaml")
+    (tmp_path / "broken.yaml").write_text("- id: [\n")
+    with pytest.raises(ReportError, match=r"broken\.yaml is not valid YAML"):
+        load_claims(tmp_path / "broken.yaml")
+
+
+def test_claims_naming_what_no_run_has_are_refused_or_warned(tmp_path):
+    runs = runs_with({1: [20.0, 20.2], 4: [22.0, 22.1], 8: [22.5, 22.7]})
+    (typo,) = load_claims(claim_file(tmp_path, metric="test/bleuu"))
+    with pytest.raises(ReportError, match="no run logs metric 'test/bleuu'; did you mean 'test/bleu'"):
+        check_names(typo, runs)
+    (typo,) = load_claims(claim_file(tmp_path, runs={"model.n_head": 1}))
+    with pytest.raises(ReportError, match=r"no run.s config has .model\.n_head.; did you mean .model\.n_heads."):
+        check_names(typo, runs)
+    (missing_row,) = load_claims(claim_file(tmp_path, runs={"model.n_heads": 3}))
+    assert check_names(missing_row, runs) == ["claim single_head: no run has model.n_heads=3 (these runs have 1, 4, 8)"]
+    assert evaluate(missing_row, runs).verdict == "inconclusive"
 
 
 def test_the_report_writes_the_claims_table_and_json(tmp_path, capsys):

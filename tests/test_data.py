@@ -5,10 +5,11 @@ import torch
 from omegaconf import OmegaConf
 
 from attnlab.data import build_data
+from attnlab.data.errors import DataError
 from attnlab.data.module import IGNORE, StreamBatchSampler, collate_lm, collate_seq2seq
 from attnlab.data.synthetic import BOS, EOS, LOOKUP_VALUES, N_SPECIAL, SEP, synthetic_splits, vocab_size
 from attnlab.data.translation import clean_osis, read_sword_pairs
-from helpers import ROOT
+from helpers import ROOT, cli
 from sword_fixture import write_module
 
 SIZES = {"train": 50, "validation": 10, "test": 10}
@@ -137,6 +138,16 @@ def test_missing_sword_modules_say_how_to_get_them(tmp_path):
         read_sword_pairs(tmp_path / "nothing", "engWEB2015eb", "spaRV1909eb")
 
 
+def test_cli_missing_corpus_is_one_clear_error_and_the_run_is_marked_failed(tmp_path):
+    missing = tmp_path / "nothing"
+    result = cli("attnlab-train", "data=translation", f"data.sword_dir={missing}", "logger=csv", "hydra.run.dir=run",
+                 cwd=tmp_path, env={"ATTNLAB_CACHE": str(tmp_path / "cache")})  # fmt: skip
+    assert result.returncode == 1
+    assert "make corpus" in result.stderr and str(missing) in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert '"status": "failed"' in (tmp_path / "run" / "run.json").read_text()
+
+
 def translation_cfg(sword_dir, **overrides):
     cfg = OmegaConf.load(ROOT / "conf/data/translation.yaml")
     cfg.sword_dir = str(sword_dir)
@@ -179,7 +190,7 @@ def test_hub_dataset_offline_fails_at_once_with_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cfg = translation_cfg(tmp_path, source="hub")
-    with pytest.raises(RuntimeError, match=r"wmt14.*data.source=sword"):
+    with pytest.raises(DataError, match=r"wmt14.*data.source=sword"):
         build_data(cfg, "transformer", seed=0, cache_dir=tmp_path / "cache")
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from attnlab.data.errors import DataError
 from attnlab.data.module import SequenceData, Vocabulary
 from attnlab.data.synthetic import TASKS, synthetic_splits, vocab_size
 from attnlab.data.text import SOURCES as TEXT_SOURCES
@@ -53,9 +54,9 @@ def check_sizes(splits, cfg: DictConfig) -> None:
     """Enough examples for one batch, and none of the splits empty: said before training."""
     for split, rows in splits.items():
         if len(rows) == 0:
-            raise ValueError(f"data={cfg.name}: the {split} split is empty after preparation; give it more data")
+            raise DataError(f"data={cfg.name}: the {split} split is empty after preparation; give it more data")
     if not cfg.get("max_tokens") and len(splits["train"]) < cfg.batch_size:
-        raise ValueError(
+        raise DataError(
             f"data.batch_size={cfg.batch_size} exceeds the {len(splits['train'])} training examples of "
             f"data={cfg.name}; lower data.batch_size or give more data"
         )

@@ -23,6 +23,7 @@ import torch
 from datasets import DatasetDict
 from torch.utils.data import DataLoader, Sampler
 
+from attnlab.data.errors import DataError
 from attnlab.data.synthetic import BOS, EOS, PAD, SEP
 
 IGNORE = -100
@@ -84,9 +85,9 @@ class StreamBatchSampler(Sampler[list[int]]):
 
     def __init__(self, n: int, batch_size: int, seed: int, start: int = 0, rank: int = 0, world_size: int = 1):
         if batch_size > n:
-            raise ValueError(f"data.batch_size={batch_size} exceeds the {n} training examples")
+            raise DataError(f"data.batch_size={batch_size} exceeds the {n} training examples")
         if batch_size % world_size:
-            raise ValueError(f"data.batch_size={batch_size} must divide by the {world_size} DDP processes")
+            raise DataError(f"data.batch_size={batch_size} must divide by the {world_size} DDP processes")
         self.n, self.batch_size, self.seed, self.start = n, batch_size, seed, start
         self.rank, self.world_size = rank, world_size
         self.per_pass = n // batch_size  # the last partial batch of each pass is dropped
@@ -123,7 +124,7 @@ class TokenBatchSampler(StreamBatchSampler):
     ):
         longest = max(lengths)
         if longest * world_size > max_tokens:
-            raise ValueError(
+            raise DataError(
                 f"data.max_tokens={max_tokens} cannot hold the longest training example ({longest} tokens) "
                 f"on each of {world_size} processes; raise data.max_tokens to at least {longest * world_size}"
             )

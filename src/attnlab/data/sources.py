@@ -8,6 +8,8 @@ from pathlib import Path
 from datasets import Dataset, DatasetDict, load_dataset
 from omegaconf import DictConfig
 
+from attnlab.data.errors import DataError, MissingDataError
+
 SPLITS = ("train", "validation", "test")
 BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "csv"}
 
@@ -15,7 +17,7 @@ BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".
 def check_text_file(key: str, path: Path, needed: str) -> None:
     """Not empty and valid UTF-8; else an error naming the file (and the byte offset)."""
     if not path.is_file():
-        raise FileNotFoundError(f"{key}={str(path)!r} does not exist (or is not a file)")
+        raise MissingDataError(f"{key}={str(path)!r} does not exist (or is not a file)")
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset, has_text = 0, False
     with path.open("rb") as file:
@@ -23,7 +25,7 @@ def check_text_file(key: str, path: Path, needed: str) -> None:
             try:
                 has_text = bool(decoder.decode(chunk).strip()) or has_text
             except UnicodeDecodeError as error:
-                raise ValueError(
+                raise DataError(
                     f"{key}={str(path)!r} is not UTF-8 text: undecodable byte {chunk[error.start]:#04x} at byte "
                     f"offset {offset + error.start}; convert it (e.g. iconv -f latin1 -t utf-8) and try again"
                 ) from None
@@ -31,9 +33,9 @@ def check_text_file(key: str, path: Path, needed: str) -> None:
     try:
         decoder.decode(b"", final=True)
     except UnicodeDecodeError:
-        raise ValueError(f"{key}={str(path)!r} is not UTF-8 text: it ends inside a multi-byte character") from None
+        raise DataError(f"{key}={str(path)!r} is not UTF-8 text: it ends inside a multi-byte character") from None
     if not has_text:
-        raise ValueError(f"{key}={str(path)!r} is empty; it should hold {needed}")
+        raise DataError(f"{key}={str(path)!r} is empty; it should hold {needed}")
 
 
 def load_files(
@@ -47,23 +49,23 @@ def load_files(
     """
     paths = {split: str(path) for split, path in files.items() if path}
     if "train" not in paths:
-        raise ValueError(f"data.source=files needs data.files.train=<{needed}> (validation, test optional)")
+        raise DataError(f"data.source=files needs data.files.train=<{needed}> (validation, test optional)")
     for split, path in paths.items():
         check_text_file(f"data.files.{split}", Path(path), needed)
     suffix = Path(paths["train"]).suffix.lower()
     builder = builder or BUILDERS.get(suffix)
     if builder is None:
-        raise ValueError(f"data.files: unsupported file type {suffix!r}; use one of {', '.join(BUILDERS)}")
+        raise DataError(f"data.files: unsupported file type {suffix!r}; use one of {', '.join(BUILDERS)}")
     try:
         loaded = load_dataset(builder, data_files=paths, **({"delimiter": "\t"} if suffix == ".tsv" else {}))
     except Exception as error:  # malformed JSON/CSV: say which files and what was expected
-        raise ValueError(
+        raise DataError(
             f"data.files: could not read {', '.join(paths.values())} as {builder} ({needed}): {error}"
         ) from error
     for split, rows in loaded.items():
         missing = [column for column in columns if column not in rows.column_names]
         if missing:
-            raise ValueError(
+            raise DataError(
                 f"data.files.{split}={paths[split]!r} has columns {rows.column_names} but needs "
                 f"{', '.join(columns)} (missing: {', '.join(missing)}); rename its fields to {', '.join(columns)}"
             )
@@ -73,7 +75,7 @@ def load_files(
 def from_source(cfg: DictConfig, sources: dict):
     """Rows from ``sources[data.source]`` (each corpus lists where it can come from)."""
     if cfg.source not in sources:
-        raise ValueError(f"data.source={cfg.source!r} is not valid; accepted values: {', '.join(sources)}")
+        raise DataError(f"data.source={cfg.source!r} is not valid; accepted values: {', '.join(sources)}")
     return sources[cfg.source](cfg)
 
 
@@ -81,7 +83,7 @@ def load_hub(hub: DictConfig, offline_instead: str) -> DatasetDict:
     try:
         return load_dataset(hub.name, hub.subset)
     except Exception as error:  # offline, unknown name, no access: say which and how to fix
-        raise RuntimeError(
+        raise DataError(
             f"could not load hub dataset data.hub.name={hub.name!r} subset={hub.subset!r}: {error}. "
             f"It needs the network (unset HF_DATASETS_OFFLINE / HF_HUB_OFFLINE); offline, use {offline_instead}."
         ) from error
@@ -94,7 +96,7 @@ def fixed_splits(rows: Dataset | DatasetDict, cfg: DictConfig) -> DatasetDict:
                if split not in given}  # fmt: skip
     train = given["train"]
     if sum(missing.values()) >= len(train):
-        raise ValueError(
+        raise DataError(
             f"data.val_size + data.test_size = {sum(missing.values())} leaves no training rows of {len(train)}"
         )
     if missing:

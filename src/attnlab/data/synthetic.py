@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 from datasets import Dataset, DatasetDict
 
+from attnlab.data.errors import DataError
+
 PAD, BOS, EOS, SEP = 0, 1, 2, 3
 N_SPECIAL = 4
 SPLIT_OFFSET = {"train": 0, "validation": 1_000_003, "test": 2_000_003}
@@ -72,14 +74,14 @@ def vocab_size(task: str, vocab: int) -> int:
 
 def check_sizes(task: str, vocab: int, min_len: int, max_len: int) -> None:
     if not 1 <= min_len <= max_len:
-        raise ValueError(f"data.min_len={min_len}, data.max_len={max_len}: need 1 <= min_len <= max_len")
+        raise DataError(f"data.min_len={min_len}, data.max_len={max_len}: need 1 <= min_len <= max_len")
     if task == "recall" and max_len > vocab // 2:
-        raise ValueError(
+        raise DataError(
             f"data.max_len={max_len} pairs need as many distinct keys, but data.vocab={vocab} "
             f"gives {vocab // 2}; raise data.vocab to at least {2 * max_len}"
         )
     if task == "lookup" and max_len > vocab:
-        raise ValueError(
+        raise DataError(
             f"data.max_len={max_len} pairs need as many distinct keys, but data.vocab={vocab} keys were "
             f"asked for; raise data.vocab to at least {max_len}"
         )

@@ -13,6 +13,7 @@ from datasets import Dataset, DatasetDict
 from omegaconf import DictConfig
 
 from attnlab.data.cache import cached_splits, train_tokenizer
+from attnlab.data.errors import DataError
 from attnlab.data.module import Vocabulary
 from attnlab.data.sources import fixed_splits, from_source, load_files, load_hub
 from attnlab.data.synthetic import EOS
@@ -45,7 +46,7 @@ def prepare(cfg: DictConfig):
     cut = DatasetDict({name: blocks(rows, tokenizer, cfg.block_size) for name, rows in splits.items()})
     for name, rows in cut.items():
         if len(rows) == 0:
-            raise ValueError(
+            raise DataError(
                 f"data=text: the {name} split ({len(splits[name])} rows) has fewer than data.block_size="
                 f"{cfg.block_size} tokens, so it makes no example; lower data.block_size or give it more text"
             )

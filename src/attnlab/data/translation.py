@@ -26,6 +26,7 @@ from datasets import Dataset, DatasetDict
 from omegaconf import DictConfig
 
 from attnlab.data.cache import cached_splits, train_tokenizer
+from attnlab.data.errors import MissingDataError
 from attnlab.data.module import Vocabulary
 from attnlab.data.sources import SPLITS, fixed_splits, from_source, load_files, load_hub
 
@@ -59,12 +60,12 @@ def read_sword_pairs(sword_dir: Path, source_module: str, target_module: str) ->
     from pysword.modules import SwordModules
 
     if not (Path(sword_dir) / "mods.d").is_dir():
-        raise FileNotFoundError(SWORD_HELP.format(sword_dir=sword_dir))
+        raise MissingDataError(SWORD_HELP.format(sword_dir=sword_dir))
     modules = SwordModules(str(sword_dir))
     found = modules.parse_modules()
     for name in (source_module, target_module):
         if name not in found:
-            raise FileNotFoundError(
+            raise MissingDataError(
                 f"module {name!r} not found ({sorted(found)}); " + SWORD_HELP.format(sword_dir=sword_dir)
             )
     source, target = (modules.get_bible_from_module(name) for name in (source_module, target_module))

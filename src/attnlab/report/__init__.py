@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnlab.report.claims import claims_table, evaluate, load_claims
+from attnlab.report.claims import check_names, claims_table, evaluate, load_claims
 from attnlab.report.coord import coord_figure, coord_table
 from attnlab.report.figures import all_figures
 from attnlab.report.lengths import lengths_figure, lengths_table
@@ -133,7 +133,11 @@ def claims_section(report: Report, claims_file: str | None, out: Path) -> list[s
     """The claims of ``claims_file`` with their verdicts on these runs; claims.json beside report.md."""
     if not claims_file:
         return []
-    outcomes = [evaluate(claim, report.runs) for claim in load_claims(claims_file)]
+    claims = load_claims(claims_file)
+    for claim in claims:
+        for warning in check_names(claim, report.runs):
+            print(f"attnlab-report: {warning}", file=sys.stderr)
+    outcomes = [evaluate(claim, report.runs) for claim in claims]
     (out / "claims.json").write_text(json.dumps([outcome.record() for outcome in outcomes], indent=1) + "\n")
     return ["## Claims", "", f"From `{claims_file}`.", "", *claims_table(outcomes), ""]
 

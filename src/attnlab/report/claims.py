@@ -27,6 +27,7 @@ when it straddles the threshold or a side has fewer than 2 runs — never held o
 
 from __future__ import annotations
 
+import difflib
 import math
 import statistics
 from dataclasses import dataclass
@@ -83,7 +84,12 @@ def load_claims(path: str | Path) -> list[Claim]:
     path = Path(path)
     if not path.is_file():
         raise ReportError(f"--claims {path}: no such file")
-    entries = yaml.safe_load(path.read_text()) or []
+    try:
+        entries = yaml.safe_load(path.read_text()) or []
+    except yaml.YAMLError as error:
+        raise ReportError(f"{path} is not valid YAML: {' '.join(str(error).split())}") from None
+    if not isinstance(entries, list):
+        raise ReportError(f"{path}: give a list of claims (each `- id: …`), not a {type(entries).__name__}")
     claims = []
     for number, entry in enumerate(entries, start=1):
         where = f"{path}, claim {entry.get('id', number) if isinstance(entry, dict) else number}"
@@ -112,6 +118,29 @@ def load_claims(path: str | Path) -> list[Claim]:
             )
         )  # fmt: skip
     return claims
+
+
+def check_names(claim: Claim, runs: list[Run]) -> list[str]:
+    """Refuse a claim naming a metric or config key that no run has (a typo, not a result);
+    return a warning for each selected value no run has (a typo, or a row not run yet)."""
+    logged = set().union(*(run.metric_names() for run in runs))
+    if claim.metric not in logged:
+        raise ReportError(f"claim {claim.id}: no run logs metric {claim.metric!r}{did_you_mean(claim.metric, logged)}")
+    keys = set().union(*(run.config for run in runs))
+    warnings = []
+    for selection in (claim.runs, *claim.comparisons):
+        for key, value in selection.items():
+            if key not in keys:
+                raise ReportError(f"claim {claim.id}: no run's config has {key!r}{did_you_mean(key, keys)}")
+            if not any(run.config.get(key) == value for run in runs):
+                seen = sorted({str(run.config.get(key)) for run in runs})
+                warnings.append(f"claim {claim.id}: no run has {key}={value!r} (these runs have {', '.join(seen)})")
+    return warnings
+
+
+def did_you_mean(name: str, names: set[str]) -> str:
+    close = difflib.get_close_matches(name, sorted(names), n=3)
+    return f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
 
 
 def matches(run: Run, selection: dict) -> bool:
