@@ -47,7 +47,7 @@ def test_bleu_is_sacrebleus_corpus_bleu_with_its_signature():
     assert bleu.compute("beam") is None  # started afresh
 
 
-def test_a_translation_run_scores_whole_splits_against_raw_references(tmp_path):
+def test_a_translation_run_scores_whole_splits_against_raw_references(tmp_path, capsys):
     run = tmp_path / "run"
     run_train(run, "data=translation", *tiny_translation(tmp_path), "logger=csv", "data.max_tokens=40",
               "callbacks.average.last_k=2", "callbacks.average.every_n_steps=2", fast_data=False)  # fmt: skip
@@ -69,6 +69,7 @@ def test_a_translation_run_scores_whole_splits_against_raw_references(tmp_path):
     assert [path.name for path in snapshots] == ["step_00000004.ckpt", "step_00000006.ckpt"]
     averaged = torch.load(run / "checkpoints" / "averaged.ckpt", weights_only=False)
     assert averaged["averaged_from"] == [path.name for path in snapshots]
+    assert f"tested: {run / 'checkpoints' / 'averaged.ckpt'}" in capsys.readouterr().err  # the summary says so
 
 
 # --- checkpoint averaging ------------------------------------------------------------------

@@ -66,8 +66,9 @@ def quiet_foreign_noise() -> None:
 
 
 def summary(run_dir: Path, trainer: L.Trainer, metrics: dict, best_path: str, started: float,
-            wandb_dir: Path | None) -> str:  # fmt: skip
-    """The lines printed when a run ends well: ``metrics`` are the last validation's and the test's."""
+            wandb_dir: Path | None, tested: str | None = None) -> str:  # fmt: skip
+    """The lines printed when a run ends well: ``metrics`` are the last validation's and the test's
+    (of the ``tested`` checkpoint, where that is not the best one: the averaged)."""
     minutes, seconds = divmod(int(time.monotonic() - started), 60)
     shown = [key for key in ("val/loss", "val/acc", "val/bleu", "test/loss", "test/acc", "test/bleu") if key in metrics]
     lines = [
@@ -76,6 +77,8 @@ def summary(run_dir: Path, trainer: L.Trainer, metrics: dict, best_path: str, st
     ]
     if best_path:
         lines.append(f"  best checkpoint: {best_path}")
+    if tested and tested != best_path and any(key.startswith("test/") for key in metrics):
+        lines.append(f"  tested: {tested}")
     offline = sorted(wandb_dir.glob("offline-run-*")) if wandb_dir and wandb_dir.is_dir() else []
     if offline:
         lines.append(f"  W&B (offline): wandb sync {offline[-1]}")

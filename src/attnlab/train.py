@@ -256,7 +256,9 @@ def train(cfg: DictConfig, extra_callbacks: tuple = ()) -> float:
             finish_wandb(exit_code=0)
             wandb_dir = run_dir / "wandb" if cfg.logger.wandb else None
             print(
-                summary(run_dir, trainer, final, best.best_model_path, started, wandb_dir), file=sys.stderr, flush=True
+                summary(run_dir, trainer, final, best.best_model_path, started, wandb_dir, tested),
+                file=sys.stderr,
+                flush=True,
             )
     score = best.best_model_score
     return float(score) if score is not None else float("nan")
