@@ -15,7 +15,7 @@ from attnlab.report import load, main
 from attnlab.report.coord import coord_figure, coord_table
 from attnlab.report.lengths import lengths_figure, lengths_table
 from attnlab.report.lr import lr_figure, lr_table
-from attnlab.report.runs import Run, group_runs
+from attnlab.report.runs import Run, expected_jobs, group_runs
 from helpers import FAST, ROOT, cli
 
 RULES = ["none", "sqrt_dk", "dk", "learned"]
@@ -85,6 +85,17 @@ def test_runs_lost_midway_are_listed_not_dropped(sweep, tmp_path):
     assert f"**missing**: `{copy / '5'}`" in failed_section and f"**failed**: `{copy / '2'}`" in failed_section
     counts = {row["attention.scale"]: row["n"] for row in final_table(text)}
     assert sorted(counts.values()) == ["1", "1", "2", "2"]
+
+
+def test_a_sweep_narrowed_on_the_command_line_counts_the_jobs_hydra_ran(tmp_path):
+    """experiment=scale_quick sweeps attention.scale over 4 rules in its sweeper.params; the command
+    line's attention.scale=none,dk replaces that (as in Hydra), so 2 jobs ran, none is missing."""
+    result = cli("attnlab-train", "-m", "experiment=scale_quick", "attention.scale=none,dk", "seed=0",
+                 f"hydra.sweep.dir={tmp_path / 'sweep'}", "logger=csv", *FAST, cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    ran = [path for path in (tmp_path / "sweep").iterdir() if (path / "config.yaml").exists()]
+    assert expected_jobs(tmp_path / "sweep") == len(ran) == 2
+    assert [run.status for run in load([tmp_path / "sweep"]).runs] == ["finished", "finished"]
 
 
 def test_saved_data_rebuilds_the_same_report_byte_for_byte(sweep, tmp_path):

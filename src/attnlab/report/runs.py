@@ -101,10 +101,11 @@ def expected_jobs(sweep_dir: Path) -> int | None:
     if not multirun.exists():
         return None
     hydra_cfg = OmegaConf.load(multirun).hydra
-    overrides = list(hydra_cfg.overrides.task)
     params = hydra_cfg.sweeper.get("params") or {}
-    overrides += [f"{key}={value}" for key, value in params.items()]
-    sweeps = [o for o in OverridesParser.create().parse_overrides(overrides) if o.is_sweep_override()]
+    # As Hydra's sweeper does: the config's sweeper.params, then the command line, which wins for a key.
+    overrides = [f"{key}={value}" for key, value in params.items()] + list(hydra_cfg.overrides.task)
+    last = {o.get_key_element(): o for o in OverridesParser.create().parse_overrides(overrides)}
+    sweeps = [o for o in last.values() if o.is_sweep_override()]
     return math.prod(len(list(o.sweep_string_iterator())) for o in sweeps) if sweeps else 1
 
 
