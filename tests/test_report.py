@@ -13,6 +13,7 @@ from nbclient import NotebookClient
 
 from attnlab.report import load, main
 from attnlab.report.coord import coord_figure, coord_table
+from attnlab.report.figures import bleu_scores
 from attnlab.report.lengths import lengths_figure, lengths_table
 from attnlab.report.lr import lr_figure, lr_table
 from attnlab.report.runs import Run, expected_jobs, group_runs
@@ -96,6 +97,16 @@ def test_a_sweep_narrowed_on_the_command_line_counts_the_jobs_hydra_ran(tmp_path
     ran = [path for path in (tmp_path / "sweep").iterdir() if (path / "config.yaml").exists()]
     assert expected_jobs(tmp_path / "sweep") == len(ran) == 2
     assert [run.status for run in load([tmp_path / "sweep"]).runs] == ["finished", "finished"]
+
+
+def test_bleu_figure_has_one_row_per_configuration_and_only_with_bleu(tmp_path):
+    runs = [Run(name=f"{heads}-{seed}", config={"model.n_heads": heads, "seed": seed},
+                rows=[{"step": 9, "val/bleu": 3.0 + seed, "test/bleu": heads + seed}])
+            for heads in (1, 8) for seed in (0, 1)]  # fmt: skip
+    groups = group_runs(runs, ["model.n_heads", "seed"])
+    is_png(bleu_scores(groups, tmp_path))
+    without = [Run(name=run.name, config=run.config, rows=[{"step": 9, "val/loss": 1.0}]) for run in runs]
+    assert bleu_scores(group_runs(without, ["model.n_heads", "seed"]), tmp_path / "none") is None
 
 
 def test_saved_data_rebuilds_the_same_report_byte_for_byte(sweep, tmp_path):

@@ -162,6 +162,26 @@ def at_init(groups: list[Group], out: Path):
     return save(fig, out / "init_vs_dk.png")
 
 
+def bleu_scores(groups: list[Group], out: Path) -> Path | None:
+    """Final BLEU per configuration: each seed a dot, the mean a bar (validation and test)."""
+    keys = [key for key in ("val/bleu", "test/bleu") if any(group.values(key) for group in groups)]
+    if not keys:
+        return None
+    colours = colour_of(groups)
+    fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 0.45 * len(groups) + 1.4), squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        for row, group in enumerate(groups):
+            found = group.values(key)
+            if found:
+                ax.barh(row, np.mean(found), color=colours[group.label], alpha=0.35)
+                ax.plot(found, [row] * len(found), "o", color=colours[group.label], ms=4)
+        ax.set_yticks(range(len(groups)), [group.label for group in groups], fontsize=8)
+        ax.invert_yaxis()  # the table's order, top to bottom
+        ax.set(title=f"{key} (dots: seeds, bar: mean)", xlabel="BLEU")
+        ax.grid(alpha=0.3, axis="x")
+    return save(fig, out / "bleu.png")
+
+
 def save(fig, path: Path, legend=None) -> Path:
     fig.tight_layout()
     if legend is not None:  # make room on the right for the figure legend, however long its labels
@@ -176,6 +196,7 @@ def save(fig, path: Path, legend=None) -> Path:
 def all_figures(groups: list[Group], out: Path) -> list[Path]:
     figures = [
         loss_curves(groups, out),
+        bleu_scores(groups, out),
         per_layer(groups, "attn/entropy", "attention entropy per layer", "nats", out),
         per_layer(
             groups,
