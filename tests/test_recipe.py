@@ -72,6 +72,46 @@ def test_a_translation_run_scores_whole_splits_against_raw_references(tmp_path, 
     assert f"tested: {run / 'checkpoints' / 'averaged.ckpt'}" in capsys.readouterr().err  # the summary says so
 
 
+@pytest.mark.slow  # ≈40 s: a 2-process DDP run
+def test_ddp_bleu_is_one_process_decoding_the_same_checkpoint(tmp_path):
+    """trainer=ddp_cpu: each rank decodes its shard of the test split (5 sentences: 3 and 2); the
+    gathered hypotheses, in split order, and their BLEU are those of one process on the whole split."""
+    from pathlib import Path
+
+    from attnlab.data import build_data
+    from attnlab.task import SequenceTask
+    from helpers import cli
+
+    pairs = tmp_path / "pairs.jsonl"
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight"]
+    rows = [{"src": f"the {a} and the {b}", "tgt": f"el {b} y el {a}"} for a in words for b in words]
+    pairs.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run = tmp_path / "run"
+    overrides = ["trainer=ddp_cpu", "data=translation", "data.source=files", f"data.files.train={pairs}",
+                 "data.vocab_size=120", "data.val_size=4", "data.test_size=5", "data.batch_size=8",
+                 "data.eval_batch_size=2", "data.bleu.val=off", "model.d_model=32", "model.d_ff=64",
+                 "model.n_heads=2", "trainer.max_steps=30", "trainer.val_check_interval=30",
+                 "trainer.enable_progress_bar=false", "logger=csv", f"paths.cache_dir={tmp_path / 'cache'}",
+                 f"hydra.run.dir={run}"]  # fmt: skip
+    result = cli("attnlab-train", *overrides, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((run / "bleu.json").read_text())["test"]
+    cfg = OmegaConf.load(run / "config.yaml")
+    data = build_data(cfg.data, cfg.model.kind, cfg.seed, Path(cfg.paths.cache_dir))
+    task = SequenceTask(OmegaConf.to_container(cfg, resolve=True), data.vocab)
+    task.load_state_dict(torch.load(run / "checkpoints" / "best.ckpt", weights_only=False)["state_dict"])
+    task.eval()
+    bleu = Bleu(data.vocab, cfg.data.bleu.beam, cfg.data.bleu.alpha, cfg.data.bleu.extra_length)
+    with torch.no_grad():
+        for batch in data.test_dataloader():  # no trainer: the whole split
+            bleu.add(task.model, batch, "beam")
+    alone = bleu.compute("beam")
+    assert len(set(alone.hypotheses)) > 1  # sentences the shards could mix up
+    assert (run / "translations" / "test.txt").read_text().splitlines() == alone.hypotheses
+    assert record["sentences"] == alone.sentences == 5
+    assert record["score"] == pytest.approx(alone.score)
+
+
 # --- checkpoint averaging ------------------------------------------------------------------
 
 
