@@ -33,6 +33,7 @@ SWEEPS = {
     "scale_ablation": ({"attention.scale"}, 4),
     "scale_quick": ({"attention.scale"}, 4),
     "table3_cpu": ({"table3", "seed"}, 20),
+    "table3_cpu_long": ({"table3", "seed"}, 4),
     "vaswani_base": (set(), 1),  # one run, on a GPU cluster
 }
 
