@@ -90,7 +90,7 @@ def resumed_config(cfg: DictConfig, resume: str, overrides) -> DictConfig:
         resumed.data.bleu = OmegaConf.load(Path(CONF_DIR) / "data" / "translation.yaml").bleu
         resumed.data.max_length = resumed.data.pop("max_tokens")
     if "average" not in resumed.callbacks:  # saved before checkpoint averaging
-        resumed.callbacks.average = {"last_k": None, "every_n_steps": 1000}
+        resumed.callbacks.average = OmegaConf.load(Path(CONF_DIR) / "callbacks" / "default.yaml").average
     resumed.resume = str(run_dir)
     resumed.run_dir = str(run_dir.resolve())  # here, wherever the run first lived
     for key in set(override_keys(overrides)) & set(ON_RESUME):

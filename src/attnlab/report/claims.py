@@ -132,7 +132,7 @@ def check_names(claim: Claim, runs: list[Run]) -> list[str]:
         for key, value in selection.items():
             if key not in keys:
                 raise ReportError(f"claim {claim.id}: no run's config has {key!r}{did_you_mean(key, keys)}")
-            if not any(run.config.get(key) == value for run in runs):
+            if not any(matches(run, {key: value}) for run in runs):
                 seen = sorted({str(run.config[key]) for run in runs if key in run.config}, key=lambda v: (len(v), v))
                 warnings.append(f"claim {claim.id}: no run has {key}={value!r} (these runs have {', '.join(seen)})")
     return warnings

@@ -95,6 +95,7 @@ def load_run(run_dir: Path) -> Run:
 
 def expected_jobs(sweep_dir: Path) -> int | None:
     """How many jobs a Hydra multirun launched, from its multirun.yaml (Hydra's own parser)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     multirun = sweep_dir / "multirun.yaml"
@@ -102,11 +103,10 @@ def expected_jobs(sweep_dir: Path) -> int | None:
         return None
     hydra_cfg = OmegaConf.load(multirun).hydra
     params = hydra_cfg.sweeper.get("params") or {}
-    # As Hydra's sweeper does: the config's sweeper.params, then the command line, which wins for a key.
+    # The sweeper's own arithmetic: sweeper.params, then the command line, which wins for a key.
     overrides = [f"{key}={value}" for key, value in params.items()] + list(hydra_cfg.overrides.task)
-    last = {o.get_key_element(): o for o in OverridesParser.create().parse_overrides(overrides)}
-    sweeps = [o for o in last.values() if o.is_sweep_override()]
-    return math.prod(len(list(o.sweep_string_iterator())) for o in sweeps) if sweeps else 1
+    (jobs,) = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(overrides), None)
+    return len(jobs)
 
 
 def is_attnlab_run(run_dir: Path) -> bool:
