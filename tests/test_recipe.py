@@ -8,12 +8,13 @@ import sacrebleu
 import torch
 from omegaconf import OmegaConf
 
+from attnlab import wandb_records
 from attnlab.averaging import average_state_dicts, write_average
 from attnlab.data.module import StreamBatchSampler, TokenBatchSampler
 from attnlab.evaluation import Bleu
 from attnlab.optim import build_optimizer
 from attnlab.runs import read_metrics, series
-from helpers import ROOT, run_train
+from helpers import ROOT, run_train, wandb_run_files
 from test_train import tiny_translation
 
 # --- BLEU ------------------------------------------------------------------------------
@@ -49,9 +50,14 @@ def test_bleu_is_sacrebleus_corpus_bleu_with_its_signature():
 
 def test_a_translation_run_scores_whole_splits_against_raw_references(tmp_path, capsys):
     run = tmp_path / "run"
-    run_train(run, "data=translation", *tiny_translation(tmp_path), "logger=csv", "data.max_tokens=40",
+    run_train(run, "data=translation", *tiny_translation(tmp_path), "logger=wandb", "data.max_tokens=40",
               "callbacks.average.last_k=2", "callbacks.average.every_n_steps=2", fast_data=False)  # fmt: skip
     records = json.loads((run / "bleu.json").read_text())
+    (run_file,) = wandb_run_files(run)  # the signature and decoder also in the W&B summary
+    logged = wandb_records.summary(run_file)
+    for split in ("val", "test"):
+        assert logged[f"{split}/bleu_signature"] == records[split]["signature"]
+        assert logged[f"{split}/bleu_decoder"] == records[split]["decoder"]
     assert records["val"]["decoder"] == "greedy" and records["test"]["decoder"] == "beam 4, alpha 0.6"
     from datasets import load_from_disk
 

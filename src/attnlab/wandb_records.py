@@ -64,16 +64,30 @@ def history(path: str | Path) -> list[dict]:
     return rows
 
 
-def config(path: str | Path) -> dict:
-    """The run's config as logged ({key: value}, later updates win)."""
+def updated(path: str | Path, updates_of) -> dict:
+    """{key: value} from the items ``updates_of(record)`` gives, later updates winning."""
     values = {}
     for record in records(path):
-        kind = record.WhichOneof("record_type")
-        updates = record.run.config.update if kind == "run" else record.config.update if kind == "config" else []
-        for item in updates:
+        for item in updates_of(record):
             values[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return values
+
+
+def config(path: str | Path) -> dict:
+    """The run's config as logged ({key: value}, later updates win)."""
+
+    def updates_of(record):
+        kind = record.WhichOneof("record_type")
+        return record.run.config.update if kind == "run" else record.config.update if kind == "config" else []
+
+    values = updated(path, updates_of)
     values.pop("_wandb", None)
     return values
+
+
+def summary(path: str | Path) -> dict:
+    """The run's summary as written (``run.summary[key] = …``; later updates win)."""
+    return updated(path, lambda record: record.summary.update if record.WhichOneof("record_type") == "summary" else [])
 
 
 def run_info(path: str | Path) -> dict:
